@@ -1,0 +1,63 @@
+# Course entry points. `make lab` and `make test` are all a learner needs:
+# both build the virtual environment in $(VENV) on first use.
+#
+# Overridable:
+#   PYTHON      interpreter used to create the venv (must be >= 3.10)
+#   VENV        where the venv lives
+#   TORCH_SPEC  pip arguments for torch, installed only if the venv has no torch,
+#               e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"
+#   LAB_ARGS    extra arguments for `jupyter lab`
+#   PYTEST_ARGS extra arguments for pytest
+#   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
+
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_SPEC  ?= torch==2.13.0
+LAB_ARGS    ?=
+PYTEST_ARGS ?=
+PIP_FLAGS   ?= -q
+
+VENV_PY := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.PHONY: venv lab test bench clean-venv
+
+venv: $(STAMP)
+
+# Create the bare venv (only if its interpreter is missing).
+$(VENV_PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
+	  echo "error: this course needs Python >= 3.10, but '$(PYTHON)' is" \
+	       "$$($(PYTHON) --version 2>/dev/null || echo 'not installed')." >&2; \
+	  echo "       Install Python 3.10 or newer (e.g. 'sudo apt install python3.11 python3.11-venv'," >&2; \
+	  echo "       or from https://www.python.org/downloads/) and rerun, e.g. 'make PYTHON=python3.11 ...'." >&2; \
+	  exit 1; }
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "error: '$(PYTHON)' cannot create virtual environments (no venv/ensurepip module)." >&2; \
+	  echo "       On Debian/Ubuntu install the matching package, e.g. 'sudo apt install python3-venv'." >&2; \
+	  exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Install torch (unless one is already importable) and the helpers package with
+# its course and test extras. Re-runs only when pyproject.toml changes.
+$(STAMP): pyproject.toml | $(VENV_PY)
+	@if $(VENV_PY) -c 'import torch' >/dev/null 2>&1; then \
+	  echo "torch $$($(VENV_PY) -c 'import torch; print(torch.__version__)') already installed in $(VENV); keeping it"; \
+	else \
+	  echo "$(VENV_PY) -m pip install $(PIP_FLAGS) $(TORCH_SPEC)"; \
+	  $(VENV_PY) -m pip install $(PIP_FLAGS) $(TORCH_SPEC); \
+	fi
+	$(VENV_PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
+	@touch $@
+
+lab: venv
+	$(VENV)/bin/jupyter lab course/ $(LAB_ARGS)
+
+test: venv
+	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(VENV_PY) bench/launch_bench.py
+
+clean-venv:
+	rm -rf $(VENV)

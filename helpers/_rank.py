@@ -1,0 +1,272 @@
+"""What runs inside a rank, from the moment the factory forks it until it exits.
+
+A rank sets itself up like a process that ``torchrun`` started (environment variables,
+process group, one device), then serves requests from the notebook until its command
+pipe closes: call a function, run a cell's source, set or get variables. One-shot
+launches and persistent ranks are the same loop; a launch simply sends one call.
+
+Every reply is one framed message on the reply pipe. A failure is a reply too, carrying
+the exception's type, message and traceback, so the notebook can name the rank and the
+learner's line. A rank never writes to the kernel's own streams: its stdout and stderr
+are pipes the notebook reads and labels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from . import _wire
+
+__all__ = ["main", "describe_exception"]
+
+_PR_SET_PDEATHSIG = 1
+_THIS_FILE = os.path.abspath(__file__)
+
+# Fixed file descriptor order of the pipes a rank receives.
+FD_NAMES = ("stdout", "stderr", "cmd", "reply", "diag")
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the factory died before we asked
+        os._exit(1)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+        write_through=True,
+    )
+
+
+def describe_exception(exc: BaseException, skip_own_frames: bool = True) -> dict:
+    """A picklable description of an exception raised in a rank."""
+    tb = exc.__traceback__
+    if skip_own_frames:
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _THIS_FILE:
+            tb = tb.tb_next
+    te = traceback.TracebackException(type(exc), exc, tb, capture_locals=False)
+    frames = [
+        {"filename": f.filename, "lineno": f.lineno, "name": f.name, "line": f.line}
+        for f in te.stack
+    ]
+    try:
+        import cloudpickle
+
+        pickled = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    return {
+        "type": type(exc).__qualname__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "text": "".join(te.format()),
+        "frames": frames,
+        "pickled": pickled,
+        "time": time.time(),
+    }
+
+
+def _to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value.detach()
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+class _Rank:
+    def __init__(self, spec: dict, common: dict, fds: list[int]) -> None:
+        self.spec = spec
+        self.common = common
+        self.fd = dict(zip(FD_NAMES, fds))
+        self.namespace: dict[str, Any] = {}
+        self.early: list[dict] = []  # requests that arrived before the rendezvous port
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def setup_process(self) -> None:
+        fd = self.fd
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(fd["stdout"], 1)
+        os.dup2(fd["stderr"], 2)
+        os.close(fd["stdout"])
+        os.close(fd["stderr"])
+        sys.stdin = open(os.devnull)
+        sys.stdout = sys.__stdout__ = _text_stream(1)
+        sys.stderr = sys.__stderr__ = _text_stream(2)
+        self.diag = os.fdopen(fd["diag"], "w", buffering=1)
+        faulthandler.enable(file=self.diag, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=self.diag, all_threads=True, chain=False)
+
+        common, spec = self.common, self.spec
+        os.environ.clear()
+        os.environ.update(common["env"])
+        os.environ.update(spec["env"])
+        try:
+            os.chdir(common["cwd"])
+        except OSError:
+            pass
+        sys.path[:] = common["sys_path"]
+        sys.argv = [f"rank{spec['rank']}"]
+        for filename, lines in common.get("sources", {}).items():
+            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+        import torch
+
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(common["threads"])
+
+    def init_process_group(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        spec, common = self.spec, self.common
+        rank, world = spec["rank"], common["world_size"]
+        host = common["master_addr"]
+        timeout = timedelta(seconds=common["pg_timeout"])
+        if rank == 0:
+            store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+            port = store.port
+            self.send({"ev": "port", "port": port})
+        else:
+            while True:  # requests may already be queued ahead of the port
+                message = _wire.read_frame(self.fd["cmd"])
+                if message is None:
+                    raise SystemExit(0)
+                if message.get("op") == "port":
+                    break
+                self.early.append(message)
+            port = message["port"]
+            store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+        os.environ["MASTER_PORT"] = str(port)
+        kwargs: dict[str, Any] = {}
+        if common["backend"] == "nccl":
+            device = torch.device("cuda", spec["device"])
+            torch.cuda.set_device(device)
+            kwargs["device_id"] = device
+        dist.init_process_group(
+            common["backend"], store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
+        )
+        del store  # the process group keeps its own reference
+
+    # -- channel ----------------------------------------------------------------------
+
+    def send(self, message: dict) -> None:
+        _wire.write_frame(self.fd["reply"], message)
+
+    def recv(self) -> Any:
+        if self.early:
+            return self.early.pop(0)
+        return _wire.read_frame(self.fd["cmd"])
+
+    # -- requests ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.send(
+            {"ev": "ready", "pid": os.getpid(), "main_thread": threading.main_thread().ident}
+        )
+        while True:
+            message = self.recv()
+            if message is None:
+                return
+            self.handle(message)
+
+    def handle(self, message: dict) -> None:
+        import cloudpickle
+
+        op, rid = message["op"], message.get("id")
+        try:
+            if op == "call":
+                fn, args, kwargs = cloudpickle.loads(message["payload"])
+                result = fn(self.spec["rank"], self.common["world_size"], *args, **kwargs)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except BaseException as exc:  # noqa: BLE001 - every failure goes home
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.send({"ev": "error", "id": rid, "error": describe_exception(exc)})
+            if isinstance(exc, SystemExit):
+                raise
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            data = cloudpickle.dumps(_to_cpu(result), protocol=5)
+        except Exception as exc:  # noqa: BLE001
+            error = describe_exception(exc)
+            error["message"] = (
+                f"the return value ({type(result).__name__}) could not be sent back to the "
+                f"notebook: {exc}. Return tensors, numbers, strings, or lists, tuples and "
+                "dicts of them."
+            )
+            self.send({"ev": "error", "id": rid, "error": error})
+            return
+        self.send({"ev": "result", "id": rid, "data": data})
+
+
+def main(spec: dict, common: dict, fds: list[int], parent: int) -> None:
+    """Run one rank. Never returns: the process exits here."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    _die_with_parent(parent)
+    rank = _Rank(spec, common, fds)
+    code = 0
+    try:
+        rank.setup_process()
+        if common["init"]:
+            try:
+                rank.init_process_group()
+            except BaseException as exc:  # noqa: BLE001
+                error = describe_exception(exc, skip_own_frames=False)
+                error["phase"] = "init"
+                rank.send({"ev": "error", "id": None, "error": error})
+                raise SystemExit(1)
+        rank.serve()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - last resort, written where the notebook reads it
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except BaseException:  # noqa: BLE001
+            pass
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(code)

@@ -1,0 +1,127 @@
+"""Turning what went wrong in the ranks into one clear exception for the notebook."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import diagnose
+from .errors import LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
+
+__all__ = ["rank_failure", "hang_report", "earliest"]
+
+
+def earliest(failures: list[dict]) -> dict:
+    """The root cause is the first failure in time; later ones are usually its echoes."""
+    return min(failures, key=lambda f: (f.get("time", float("inf")), f["rank"]))
+
+
+def _others(stopped: list[int]) -> str:
+    if not stopped:
+        return ""
+    names = ", ".join(map(str, stopped))
+    return f"\n\nThe other rank{'s' if len(stopped) > 1 else ''} ({names}) {'were' if len(stopped) > 1 else 'was'} stopped."
+
+
+def rank_failure(failure: dict, world_size: int, stopped: list[int], diag: str = "") -> RankFailedError:
+    """Build the error for a rank that raised (an ``error`` reply) or died (an ``exit``)."""
+    rank = failure["rank"]
+    if failure["ev"] == "error":
+        err = failure["error"]
+        original = None
+        if err.get("pickled") is not None:
+            try:
+                import pickle
+
+                original = pickle.loads(err["pickled"])
+            except Exception:  # noqa: BLE001 - the class may not exist in the notebook
+                original = None
+        phase = " while setting up its process group" if err.get("phase") == "init" else ""
+        if err["type"] == "SystemExit":
+            head = f"rank {rank} of {world_size} called sys.exit({err['message']}){phase}"
+        else:
+            head = f"rank {rank} of {world_size} raised {err['type']}{phase}: {err['message']}"
+        text = relabel_traceback(err["text"]).rstrip()
+        message = f"{head}\n\nTraceback from rank {rank} (most recent call last):\n" + "\n".join(
+            text.splitlines()[1:] if text.startswith("Traceback") else text.splitlines()
+        )
+        message += _others(stopped)
+        return RankFailedError(
+            message,
+            rank=rank,
+            world_size=world_size,
+            exc_type=err["type"],
+            exc_message=err["message"],
+            rank_traceback=err["text"],
+            exitcode=None,
+            original=original,
+            stopped=stopped,
+        )
+    code = failure["code"]
+    if code < 0:
+        how = f"was killed by {signal_name(code)} (exit code {code})"
+        hint = (
+            " A SIGKILL often means the machine ran out of memory; SIGSEGV or SIGABRT point at a "
+            "crash inside C++ code."
+        )
+    else:
+        how = f"exited with code {code} before returning"
+        hint = " (os._exit, or a crash in C code, ends a rank without a Python exception)."
+    message = f"rank {rank} of {world_size} {how}.{hint}"
+    if diag.strip():
+        threads = diagnose.parse_dump(diag)
+        if threads and threads[-1]["frames"]:
+            message += "\n\nIts last Python stack:\n" + diagnose.format_stack(threads[-1]["frames"])
+    message += _others(stopped)
+    return RankFailedError(
+        message,
+        rank=rank,
+        world_size=world_size,
+        exc_type=None,
+        exc_message=how,
+        rank_traceback="",
+        exitcode=code,
+        original=None,
+        stopped=stopped,
+    )
+
+
+def hang_report(
+    dumps: dict[int, str],
+    main_threads: dict[int, int | None],
+    finished: list[int],
+    world_size: int,
+    timeout: float,
+    what: str = "the ranks",
+    recovery: str = "All ranks were stopped.",
+) -> LaunchTimeoutError:
+    """Build the error for ranks still running at the timeout, from their stack dumps."""
+    stacks: dict[int, str] = {}
+    waiting: dict[int, str] = {}
+    calls: dict[int, Any] = {}
+    for rank in sorted(dumps):
+        frames = diagnose.main_stack(dumps[rank], main_threads.get(rank))
+        stacks[rank] = diagnose.format_stack(frames)
+        waiting[rank] = diagnose.summarize(rank, frames)
+        calls[rank] = diagnose.describe_wait(frames)["call"] if frames else None
+    busy = sorted(dumps)
+    lines = [
+        f"{what} did not finish within {timeout:g} s: "
+        f"{len(busy)} of {world_size} rank{'s' if world_size != 1 else ''} still running. {recovery}",
+        "",
+    ]
+    lines += [waiting[r] for r in busy]
+    if finished:
+        lines.append(f"finished: rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}")
+    receiving = [r for r in busy if calls.get(r) in ("recv", "irecv", "wait")]
+    if busy and len(receiving) == len(busy) and len(busy) > 1:
+        lines += ["", "Every running rank is receiving, so nobody is sending: a deadlock. Let some "
+                  "ranks send first (for example even ranks send while odd ranks receive), or use "
+                  "isend/irecv."]
+    elif any(calls.get(r) for r in busy) and finished:
+        lines += ["", "Some ranks finished while others still wait for them: a collective or a "
+                  "recv that one rank never reached, or a send to the wrong rank."]
+    lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
+              "a larger timeout=."]
+    return LaunchTimeoutError(
+        "\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished
+    )

@@ -1,0 +1,86 @@
+"""Choosing the communication backend, and what this machine offers.
+
+``backend="auto"`` picks nccl when CUDA is available with at least one GPU per rank, and
+gloo (CPU) otherwise. An explicit choice that cannot work here fails before any rank
+starts, with a message that names the fix.
+
+Example::
+
+    >>> from helpers.backend import machine_info, resolve_backend
+    >>> info = machine_info()                 # probed once, in a throwaway rank
+    >>> resolve_backend("auto", 4, info).name   # on a CPU-only machine
+    'gloo'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BackendUnavailableError
+
+__all__ = ["BACKENDS", "Choice", "resolve_backend", "machine_info"]
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend a group will use, and the GPU of each rank (None on the CPU)."""
+
+    name: str
+    devices: tuple[int, ...] | None
+    reason: str
+
+    def describe(self, world_size: int) -> str:
+        where = "CPU" if self.devices is None else f"GPUs 0-{world_size - 1}" if world_size > 1 else "GPU 0"
+        return f"{self.name} ({where}{'; ' + self.reason if self.reason else ''})"
+
+
+def machine_info() -> dict[str, Any]:
+    """torch version, CPU count, CUDA GPUs and available backends, as the ranks see them."""
+    from ._factory import get_factory
+
+    return dict(get_factory().info)
+
+
+def resolve_backend(backend: str, world_size: int, info: dict[str, Any]) -> Choice:
+    """Turn the user's ``backend`` argument into a concrete choice, or explain why not."""
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} is not a backend this course knows; pass one of "
+            f"{', '.join(map(repr, BACKENDS))} ('auto' picks nccl with enough GPUs, else gloo)"
+        )
+    backend = backend.lower()
+    gpus = int(info.get("cuda_count") or 0)
+    if backend == "auto":
+        if info.get("nccl") and gpus >= world_size:
+            return Choice("nccl", tuple(range(world_size)), "")
+        if gpus and gpus < world_size:
+            return Choice("gloo", None, f"{gpus} GPU{'s' if gpus != 1 else ''} for {world_size} ranks is too few for nccl")
+        return Choice("gloo", None, "")
+    if backend == "nccl":
+        if not info.get("nccl"):
+            raise BackendUnavailableError(
+                f"backend='nccl' is not available in this PyTorch build (torch {info.get('torch')}, "
+                f"CUDA {info.get('cuda_build') or 'none'}). Use backend='gloo', which runs on the CPU, "
+                "or install a CUDA build of PyTorch on a machine with NVIDIA GPUs."
+            )
+        if gpus < world_size:
+            raise BackendUnavailableError(
+                f"backend='nccl' needs one GPU per rank: you asked for {world_size} ranks but this "
+                f"machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''}. Pass world_size={gpus} "
+                "or fewer, or use backend='gloo' (CPU), or backend='auto' to pick for you."
+                if gpus
+                else f"backend='nccl' needs one GPU per rank, and this machine has no CUDA GPU. "
+                "Use backend='gloo' (CPU) or backend='auto'."
+            )
+        return Choice("nccl", tuple(range(world_size)), "")
+    if backend == "mpi" and not info.get("mpi"):
+        raise BackendUnavailableError(
+            "backend='mpi' is not built into this PyTorch (it needs PyTorch compiled from source "
+            "against an MPI library). Use backend='gloo' instead."
+        )
+    if backend == "gloo" and not info.get("gloo"):
+        raise BackendUnavailableError("backend='gloo' is not available in this PyTorch build.")
+    return Choice(backend, None, "")

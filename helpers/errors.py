@@ -1,0 +1,117 @@
+"""Exceptions raised in the notebook when ranks fail, hang or cannot start.
+
+Each error says what happened, on which rank, and what to do next. In Jupyter they render
+without the launcher's own frames (IPython's ``_render_traceback_`` hook): the learner sees
+the rank's traceback down to their own cell line, not ours. All of them can be pickled.
+
+Example::
+
+    >>> from helpers import launch, RankFailedError
+    >>> def boom(rank, world_size):
+    ...     if rank == 1:
+    ...         raise ValueError("bad shape")
+    >>> try:
+    ...     launch(boom, 2)
+    ... except RankFailedError as err:
+    ...     print(err.rank, err.exc_type)
+    1 ValueError
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Any
+
+__all__ = [
+    "LaunchError",
+    "RankFailedError",
+    "LaunchTimeoutError",
+    "BackendUnavailableError",
+    "cell_label",
+]
+
+
+def cell_label(filename: str) -> str:
+    """``Cell In[7]`` for code typed in a notebook cell, else the file name unchanged."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        number = shell.compile._filename_map.get(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - IPython missing or a different compiler
+        number = None
+    if number is not None:
+        return f"Cell In[{number}]"
+    if re.search(r"ipykernel_\d+[/\\]\d+\.py$", filename) or filename.startswith("<ipython-input"):
+        return "a notebook cell"
+    return filename
+
+
+def relabel_traceback(text: str) -> str:
+    """Replace notebook cells' temporary file names in a traceback by ``Cell In[N]``."""
+    return re.sub(
+        r'File "([^"]+)", line',
+        lambda m: f"{cell_label(m.group(1))}, line"
+        if cell_label(m.group(1)) != m.group(1)
+        else m.group(0),
+        text,
+    )
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class LaunchError(RuntimeError):
+    """Base class of every error the launcher raises about ranks."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.__dict__.update(details)
+
+    def __reduce__(self):
+        state = {k: v for k, v in self.__dict__.items() if k != "message"}
+        return (_rebuild, (type(self), self.message, state))
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _render_traceback_(self) -> list[str]:
+        """What Jupyter shows: our message only, never the launcher's internal frames."""
+        red, reset = "\x1b[0;31m", "\x1b[0m"
+        head, _, rest = self.message.partition("\n")
+        return [f"{red}{type(self).__name__}{reset}: {head}", *rest.splitlines()]
+
+
+def _rebuild(cls, message, state):
+    err = cls.__new__(cls)
+    LaunchError.__init__(err, message, **state)
+    return err
+
+
+class RankFailedError(LaunchError):
+    """A rank raised an exception, exited early, or was killed by a signal.
+
+    Attributes: ``rank``, ``world_size``, ``exc_type`` (name of the rank's exception, or
+    None when the process died without one), ``exc_message``, ``rank_traceback`` (text),
+    ``exitcode`` (None while the rank was alive), ``original`` (the rank's exception
+    object when it could be sent back), ``stopped`` (ranks we stopped because of it).
+    """
+
+
+class LaunchTimeoutError(LaunchError, TimeoutError):
+    """Ranks were still running when the timeout ran out.
+
+    Attributes: ``timeout``, ``stacks`` (rank -> that rank's Python stack as text),
+    ``waiting`` (rank -> one-line summary of where it was blocked), ``finished`` (ranks
+    that had already returned).
+    """
+
+
+class BackendUnavailableError(LaunchError, ValueError):
+    """The requested backend cannot run here (for example nccl without enough GPUs)."""

@@ -1,0 +1,216 @@
+"""Run a function on several ranks from a notebook cell: ``launch(fn, world_size)``.
+
+``fn`` is called as ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes, with
+the default process group already set up, and the ranks' return values come back as a
+list indexed by rank. ``fn`` can be defined right in the notebook, as a closure, using
+the notebook's classes and globals: it is sent to the ranks by value (cloudpickle), so
+there is no file to write and no ``if __name__ == "__main__"`` guard.
+
+Example::
+
+    >>> import torch, torch.distributed as dist
+    >>> from helpers import launch
+    >>> def total(rank, world_size):
+    ...     t = torch.tensor([rank + 1.0])
+    ...     dist.all_reduce(t)           # every rank ends with 1 + 2 + 3 + 4
+    ...     return t.item()
+    >>> launch(total, 4)
+    [10.0, 10.0, 10.0, 10.0]
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Callable, Sequence
+
+from ._factory import get_factory
+from ._group import RankGroup
+from ._report import earliest, hang_report, rank_failure
+from .backend import resolve_backend
+from .errors import LaunchError
+from .output import OutputRouter, OutputSpec
+
+__all__ = ["launch", "LaunchResult", "validate_world", "serialize_call"]
+
+_INTERRUPT_STEPS = ((signal.SIGINT, 0.5), (signal.SIGTERM, 0.5))
+_last_announcement: str | None = None
+
+
+class LaunchResult(list):
+    """The ranks' return values, indexed by rank, plus what else the launch produced.
+
+    Attributes: ``output`` (rank -> text the rank printed, last 64 KiB), ``backend``,
+    ``seconds`` (wall time of the launch).
+    """
+
+    output: dict[int, str]
+    backend: str
+    seconds: float
+
+
+def validate_world(world_size: Any, nnodes: Any = 1, timeout: Any = 60.0) -> None:
+    """Check the shape of a launch before anything starts; raise with what to pass instead."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(
+            f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}. "
+            "For example launch(fn, 4) runs fn on 4 ranks."
+        )
+    if world_size > 64:
+        raise ValueError(
+            f"world_size={world_size} is more ranks than this notebook launcher runs on one "
+            "machine (at most 64); use torchrun on a cluster for more."
+        )
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nnodes must be a whole number of simulated hosts, 1 or more; got {nnodes!r}.")
+    if world_size % nnodes:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(
+            f"nnodes={nnodes} does not divide world_size={world_size}: every simulated host must "
+            f"run the same number of ranks. Pass nnodes as one of {divisors}."
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
+
+
+def serialize_call(fn: Callable, args: Sequence, kwargs: dict | None = None) -> bytes:
+    """Pickle a call by value so that ranks can run notebook-defined code."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})), protocol=5)
+    except Exception as exc:  # noqa: BLE001
+        raise LaunchError(
+            f"could not send {getattr(fn, '__name__', fn)!r} and its arguments to the ranks: "
+            f"{type(exc).__name__}: {exc}. Everything the function uses from the notebook must be "
+            "picklable; open files, locks, sockets and generators are not. Create those inside "
+            "the function instead."
+        ) from None
+
+
+def _announce(router: OutputRouter, text: str) -> None:
+    global _last_announcement
+    if text != _last_announcement:
+        router.note(text)
+        _last_announcement = text
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str = "auto",
+    nnodes: int = 1,
+    timeout: float = 60.0,
+    init: bool = True,
+    output: OutputSpec = "live",
+    max_lines: int = 1000,
+    kwargs: dict[str, Any] | None = None,
+) -> LaunchResult:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
+
+    Parameters
+    ----------
+    fn:
+        The function each rank runs. It may be defined in a notebook cell.
+    world_size:
+        How many ranks (processes) to start.
+    args, kwargs:
+        Extra positional and keyword arguments for ``fn``, the same for every rank.
+    backend:
+        ``"auto"`` (nccl with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"`` or ``"mpi"``.
+    nnodes:
+        Simulate this many hosts of ``world_size // nnodes`` ranks each, so ``LOCAL_RANK``
+        and ``GROUP_RANK`` differ from ``RANK`` the way they do on a cluster.
+    timeout:
+        Seconds the ranks may run. After that, every rank's stack is shown, the ranks are
+        stopped, and :class:`~helpers.LaunchTimeoutError` is raised.
+    init:
+        With ``True`` the default process group is ready when ``fn`` starts and destroyed
+        after it returns. With ``False`` ``fn`` calls ``init_process_group`` itself;
+        ``MASTER_ADDR`` and ``MASTER_PORT`` point at a free port.
+    output:
+        Where the ranks' printed output goes; see :mod:`helpers.output`.
+    max_lines:
+        At most this many lines per rank are shown.
+
+    Returns
+    -------
+    LaunchResult
+        A list of the ranks' return values (tensors moved to the CPU), index = rank.
+
+    Raises
+    ------
+    RankFailedError
+        A rank raised or died; the others were stopped within about a second.
+    LaunchTimeoutError
+        The ranks were still running after ``timeout`` seconds.
+    BackendUnavailableError, ValueError
+        Bad arguments, raised before any rank starts.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"launch() needs a function to run on every rank as its first argument; got "
+            f"{type(fn).__name__} {fn!r}. Define def work(rank, world_size): ... and call launch(work, {world_size!r})."
+        )
+    validate_world(world_size, nnodes, timeout)
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
+    router = OutputRouter(output, max_lines=max_lines)
+    payload = serialize_call(fn, args, kwargs)
+    started = time.perf_counter()
+    factory = get_factory()
+    choice = resolve_backend(backend, world_size, factory.info)
+    _announce(router, f"Launching {world_size} rank{'s' if world_size > 1 else ''} on {choice.describe(world_size)}"
+              + (f", {nnodes} simulated hosts" if nnodes > 1 else ""))
+    group = RankGroup(
+        factory,
+        world_size,
+        backend=choice.name,
+        nnodes=nnodes,
+        init=init,
+        pg_timeout=timeout + 30.0,  # our own timeout must fire first, with a diagnosis
+        router=router,
+        devices=list(choice.devices) if choice.devices else None,
+    )
+    try:
+        group.start()
+        outcome = group.request({"op": "call", "payload": payload}, list(range(world_size)), timeout)
+        if outcome.failures:
+            cause = earliest(outcome.failures)
+            others = [r for r in group.live if r != cause["rank"]]
+            group.stop()
+            diag = bytes(group.ranks[cause["rank"]].diag).decode("utf-8", "replace")
+            raise rank_failure(cause, world_size, others, diag)
+        if outcome.pending:
+            dumps = group.dump_stacks(outcome.pending)
+            finished = sorted(outcome.replies)
+            group.stop()
+            raise hang_report(
+                dumps,
+                {s.rank: s.main_thread for s in group.ranks},
+                finished,
+                world_size,
+                timeout,
+                what="The ranks",
+            )
+        import pickle
+
+        results = LaunchResult(pickle.loads(outcome.replies[r]["data"]) for r in range(world_size))
+        group.close()
+    except KeyboardInterrupt:
+        live = group.live
+        group.stop(_INTERRUPT_STEPS)
+        group.close()
+        if live:
+            router.note(f"Interrupted: stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}.")
+        raise
+    except BaseException:
+        group.stop()
+        group.close()
+        raise
+    results.output = {r: router.text(r) for r in range(world_size)}
+    results.backend = choice.name
+    results.seconds = time.perf_counter() - started
+    return results
