@@ -1,6 +1,8 @@
 """Helpers for learning torch.distributed from notebook cells.
 
 - :func:`launch` runs a function on N ranks and returns their results.
+- :class:`Cluster` keeps ranks alive between cells; ``%load_ext helpers`` adds the
+  ``%%distributed`` magic on top of it (see :mod:`helpers.magics`).
 - Errors: :class:`RankFailedError`, :class:`LaunchTimeoutError`,
   :class:`BackendUnavailableError`, all subclasses of :class:`LaunchError`.
 - :func:`machine_info` says what this machine offers (CPUs, GPUs, backends).
@@ -17,6 +19,7 @@ import os
 from ._factory import get_factory as _get_factory
 from ._factory import shutdown_factory as shutdown
 from .backend import machine_info
+from .cluster import Cluster, ClusterError
 from .errors import BackendUnavailableError, LaunchError, LaunchTimeoutError, RankFailedError
 from .launcher import LaunchResult, launch
 
@@ -27,11 +30,28 @@ __all__ = [
     "RankFailedError",
     "LaunchTimeoutError",
     "BackendUnavailableError",
+    "Cluster",
+    "ClusterError",
+    "load_ipython_extension",
+    "unload_ipython_extension",
     "machine_info",
     "shutdown",
 ]
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext helpers`` registers ``%dist_start``, ``%%distributed`` and friends."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
 
 if os.environ.get("HELPERS_PRESTART", "1") != "0":
     try:

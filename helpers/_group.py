@@ -306,12 +306,19 @@ class RankGroup:
         return events
 
     def request(
-        self, message: dict, ranks: list[int], timeout: float, *, fail_fast: bool = True
+        self,
+        message: dict,
+        ranks: list[int],
+        timeout: float,
+        *,
+        fail_fast: bool = True,
+        after_failure: float = 0.0,
     ) -> Outcome:
         """Send ``message`` to ``ranks`` and wait for their answers.
 
-        Returns when every rank answered, when one failed (with ``fail_fast``), or at the
-        timeout; never raises for rank problems, the caller decides what they mean.
+        Returns when every rank answered, at the timeout, or once a rank failed: at once
+        with ``fail_fast``, else ``after_failure`` seconds later (time for the others to
+        finish on their own). Never raises for rank problems; the caller decides.
         """
         self._next_id = getattr(self, "_next_id", 0) + 1
         rid = self._next_id
@@ -325,7 +332,11 @@ class RankGroup:
             self.send(r, {**message, "id": rid})
             pending.add(r)
         deadline = time.monotonic() + timeout
+        failed_at = None
         while pending and not (fail_fast and outcome.failures):
+            if outcome.failures and failed_at is None:
+                failed_at = time.monotonic()
+                deadline = min(deadline, failed_at + after_failure)
             if self.factory_dead:
                 raise FactoryError(self.factory_dead)
             remaining = deadline - time.monotonic()

@@ -193,10 +193,47 @@ class _Rank:
             {"ev": "ready", "pid": os.getpid(), "main_thread": threading.main_thread().ident}
         )
         while True:
-            message = self.recv()
+            try:
+                message = self.recv()
+            except KeyboardInterrupt:  # an interrupt that arrived while idle: nothing to stop
+                continue
             if message is None:
                 return
             self.handle(message)
+
+    def _namespace(self) -> dict[str, Any]:
+        if not self.namespace:
+            import torch
+            import torch.distributed as dist
+
+            self.namespace.update(
+                {
+                    "__name__": "__main__",
+                    "__builtins__": __builtins__,
+                    "rank": self.spec["rank"],
+                    "world_size": self.common["world_size"],
+                    "local_rank": int(os.environ.get("LOCAL_RANK", self.spec["rank"])),
+                    "torch": torch,
+                    "dist": dist,
+                }
+            )
+        return self.namespace
+
+    def _exec(self, source: str, filename: str) -> Any:
+        """Run a cell's source in this rank's namespace; return its last expression's value."""
+        import ast
+
+        lines = source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        tree = ast.parse(source, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        namespace = self._namespace()
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is not None:
+            return eval(compile(last, filename, "eval"), namespace)
+        return None
 
     def handle(self, message: dict) -> None:
         import cloudpickle
@@ -206,6 +243,20 @@ class _Rank:
             if op == "call":
                 fn, args, kwargs = cloudpickle.loads(message["payload"])
                 result = fn(self.spec["rank"], self.common["world_size"], *args, **kwargs)
+            elif op == "exec":
+                result = self._exec(message["source"], message["filename"])
+            elif op == "push":
+                self._namespace().update(cloudpickle.loads(message["payload"]))
+                result = None
+            elif op == "pull":
+                namespace = self._namespace()
+                missing = [n for n in message["names"] if n not in namespace]
+                if missing:
+                    raise NameError(
+                        f"rank {self.spec['rank']} has no variable named {missing[0]!r}; "
+                        "set it in a %%distributed cell or with push() first"
+                    )
+                result = [namespace[n] for n in message["names"]]
             else:
                 raise ValueError(f"unknown request {op!r}")
         except BaseException as exc:  # noqa: BLE001 - every failure goes home
@@ -217,6 +268,17 @@ class _Rank:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        if op == "exec":  # a cell's value is shown, so its text always goes home
+            try:
+                text = None if result is None else repr(result)
+            except Exception as exc:  # noqa: BLE001
+                text = f"<repr failed: {exc}>"
+            try:
+                data = cloudpickle.dumps(_to_cpu(result), protocol=5)
+            except Exception:  # noqa: BLE001 - shown by its repr only
+                data = None
+            self.send({"ev": "result", "id": rid, "data": data, "repr": text})
+            return
         try:
             data = cloudpickle.dumps(_to_cpu(result), protocol=5)
         except Exception as exc:  # noqa: BLE001

@@ -65,7 +65,7 @@ def rank_failure(failure: dict, world_size: int, stopped: list[int], diag: str =
         )
     else:
         how = f"exited with code {code} before returning"
-        hint = " (os._exit, or a crash in C code, ends a rank without a Python exception)."
+        hint = " A call to os._exit, or a crash in C code, ends a rank without a Python exception."
     message = f"rank {rank} of {world_size} {how}.{hint}"
     if diag.strip():
         threads = diagnose.parse_dump(diag)

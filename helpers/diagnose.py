@@ -85,13 +85,16 @@ def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
     for frame in frames:  # innermost first
         filename = frame["filename"]
         if _is_distributed(filename):
-            call = frame["name"]
+            name = frame["name"]
+            if not name.startswith("_") and name not in ("wrapper", "inner", "<lambda>"):
+                call = name  # keep the outermost public torch.distributed function
         elif user is None and not _is_torch(filename) and not _is_ours(filename):
             user = frame
             break
-    if call is not None and call.startswith("wrapper"):
-        call = None
-    idle = user is None and any(_is_ours(f["filename"]) and f["name"] in ("recv", "read_frame") for f in frames[:3])
+    idle = user is None and bool(frames) and _is_ours(frames[0]["filename"]) and frames[0]["name"] in (
+        "_read_exact",
+        "read_frame",
+    )
     return {"call": call, "user": user, "idle": idle}
 
 

@@ -31,7 +31,7 @@ from .backend import resolve_backend
 from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
 
-__all__ = ["launch", "LaunchResult", "validate_world", "serialize_call"]
+__all__ = ["launch", "LaunchResult", "validate_world", "serialize", "serialize_call"]
 
 _INTERRUPT_STEPS = ((signal.SIGINT, 0.5), (signal.SIGTERM, 0.5))
 _last_announcement: str | None = None
@@ -73,19 +73,24 @@ def validate_world(world_size: Any, nnodes: Any = 1, timeout: Any = 60.0) -> Non
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
 
 
-def serialize_call(fn: Callable, args: Sequence, kwargs: dict | None = None) -> bytes:
-    """Pickle a call by value so that ranks can run notebook-defined code."""
+def serialize(obj: Any, what: str) -> bytes:
+    """Pickle ``obj`` by value (cloudpickle) for the ranks; ``what`` names it in errors."""
     import cloudpickle
 
     try:
-        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})), protocol=5)
+        return cloudpickle.dumps(obj, protocol=5)
     except Exception as exc:  # noqa: BLE001
         raise LaunchError(
-            f"could not send {getattr(fn, '__name__', fn)!r} and its arguments to the ranks: "
-            f"{type(exc).__name__}: {exc}. Everything the function uses from the notebook must be "
-            "picklable; open files, locks, sockets and generators are not. Create those inside "
-            "the function instead."
+            f"could not send {what} to the ranks: {type(exc).__name__}: {exc}. Everything sent "
+            "from the notebook must be picklable; open files, locks, sockets and generators are "
+            "not. Create those on the ranks instead."
         ) from None
+
+
+def serialize_call(fn: Callable, args: Sequence, kwargs: dict | None = None) -> bytes:
+    """Pickle a call by value so that ranks can run notebook-defined code."""
+    name = getattr(fn, "__name__", repr(fn))
+    return serialize((fn, tuple(args), dict(kwargs or {})), f"{name!r} and its arguments")
 
 
 def _announce(router: OutputRouter, text: str) -> None:

@@ -1,0 +1,417 @@
+"""Persistent ranks: a process group that stays alive between notebook cells.
+
+A :class:`Cluster` starts ``world_size`` ranks with the default process group set up,
+then waits for work. Each rank keeps its own variables from one request to the next,
+so rank 0 can ``isend`` in one cell and rank 1 ``recv`` in the next. The ``%%distributed``
+cell magic (see :mod:`helpers.magics`) is a thin layer over this class.
+
+Example::
+
+    >>> from helpers import Cluster
+    >>> with Cluster(2) as cluster:
+    ...     cluster.exec("x = torch.tensor([rank + 1.0]); dist.all_reduce(x)")
+    ...     cluster.pull("x")
+    [tensor([3.]), tensor([3.])]
+
+Failures are reported like :func:`helpers.launch` reports them, but the other ranks are
+not stopped: they keep their state. A rank that hangs is interrupted when it is blocked
+in Python code; a rank blocked inside a communication call cannot be, and the error says
+so: :meth:`Cluster.restart` then gives a fresh group in a second or two.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+from typing import Any, Callable, Sequence
+
+from . import diagnose
+from ._factory import get_factory
+from ._group import Outcome, RankGroup
+from ._report import earliest, hang_report, rank_failure
+from .backend import Choice, resolve_backend
+from .errors import LaunchError, signal_name
+from .launcher import serialize, serialize_call, validate_world
+from .output import OutputRouter, OutputSpec
+from .view import RankOutputView, choose_view
+
+__all__ = ["Cluster", "ClusterError"]
+
+_AFTER_FAILURE = 2.0  # seconds the other ranks get to finish after one failed
+_INTERRUPT_WAIT = 1.5
+
+
+class ClusterError(LaunchError):
+    """The cluster cannot take this request (not started, a rank dead or still busy)."""
+
+
+class Cluster:
+    """``world_size`` background ranks that run code on request and keep their state.
+
+    Parameters are those of :func:`helpers.launch`; ``timeout`` is the default for each
+    request. ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
+    """
+
+    def __init__(
+        self,
+        world_size: int = 2,
+        *,
+        backend: str = "auto",
+        nnodes: int = 1,
+        timeout: float = 60.0,
+        output: OutputSpec = "live",
+        max_lines: int = 1000,
+        view: str = "auto",
+        start: bool = True,
+    ) -> None:
+        validate_world(world_size, nnodes, timeout)
+        if view not in ("auto", "widgets", "text"):
+            raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
+        OutputRouter(output)  # validates the output argument now
+        self.world_size = world_size
+        self.backend = backend
+        self.nnodes = nnodes
+        self.timeout = float(timeout)
+        self.output = output
+        self.max_lines = max_lines
+        self.view = view
+        self.choice: Choice | None = None
+        self._group: RankGroup | None = None
+        if start:
+            self.start()
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def start(self) -> "Cluster":
+        """Start the ranks and wait until every one has its process group ready."""
+        if self._group is not None:
+            return self
+        factory = get_factory()
+        self.choice = resolve_backend(self.backend, self.world_size, factory.info)
+        router = self._router()
+        group = RankGroup(
+            factory,
+            self.world_size,
+            backend=self.choice.name,
+            nnodes=self.nnodes,
+            init=True,
+            pg_timeout=self.timeout + 30.0,
+            router=router,
+            devices=list(self.choice.devices) if self.choice.devices else None,
+        )
+        self._group = group
+        started = time.perf_counter()
+        try:
+            group.start()
+            self._wait_ready(max(self.timeout, 60.0))
+        except BaseException:
+            self._group = None
+            group.stop()
+            group.close()
+            raise
+        router.note(
+            f"Started {self.world_size} rank{'s' if self.world_size > 1 else ''} on "
+            f"{self.choice.describe(self.world_size)} in {time.perf_counter() - started:.2f} s."
+        )
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        group = self._group
+        deadline = time.monotonic() + timeout
+        while any(s.state == "starting" for s in group.ranks):
+            if group.factory_dead:
+                raise ClusterError(group.factory_dead)
+            if time.monotonic() > deadline:
+                dumps = group.dump_stacks([s.rank for s in group.ranks if s.state == "starting"])
+                raise hang_report(dumps, {}, [], self.world_size, timeout, what="Starting the ranks")
+            group.poll(0.1)
+            failures = [e for e in group.take_events() if e["ev"] in ("error", "exit")]
+            if failures:
+                cause = earliest(failures)
+                if cause["ev"] == "exit":
+                    group.drain(cause["rank"])
+                    cause = next((e for e in group.take_events() if e["ev"] == "error"), cause)
+                raise rank_failure(cause, self.world_size, [r for r in group.live if r != cause["rank"]])
+
+    def shutdown(self) -> None:
+        """Stop every rank (their variables are lost)."""
+        group, self._group = self._group, None
+        if group is not None:
+            group.close(grace=2.0)
+
+    stop = shutdown
+
+    def restart(self) -> "Cluster":
+        """A fresh group of the same shape: stop all ranks, start new ones."""
+        self.shutdown()
+        return self.start()
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            if self._group is not None:
+                self._group.stop()
+                self._group.close(grace=0.5)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    @property
+    def running(self) -> bool:
+        return self._group is not None
+
+    def status(self) -> list[dict[str, Any]]:
+        """One entry per rank: ``rank``, ``pid``, ``state`` (idle, busy, dead) and ``exitcode``."""
+        if self._group is None:
+            return []
+        self._group.poll(0)
+        out = []
+        for s in self._group.ranks:
+            state = {"exited": "dead", "starting": "starting"}.get(s.state, s.state)
+            out.append({"rank": s.rank, "pid": s.pid, "state": state, "exitcode": s.exitcode})
+        return out
+
+    def __repr__(self) -> str:
+        if self._group is None:
+            return f"Cluster(world_size={self.world_size}, stopped)"
+        states = ", ".join(f"{d['rank']}:{d['state']}" for d in self.status())
+        return f"Cluster(world_size={self.world_size}, backend={self.choice.name!r}, ranks={{{states}}})"
+
+    # -- requests ---------------------------------------------------------------------
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: Sequence[int] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank (or ``ranks``).
+
+        Returns the results in the order of ``ranks`` (by default, index = rank).
+        """
+        if not callable(fn):
+            raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
+        payload = serialize_call(fn, args, kwargs)
+        replies = self._request({"op": "call", "payload": payload}, ranks, timeout)
+        return [pickle.loads(m["data"]) for m in replies]
+
+    def exec(
+        self,
+        source: str,
+        ranks: Sequence[int] | None = None,
+        timeout: float | None = None,
+        *,
+        filename: str | None = None,
+        display: bool = False,
+    ) -> list[Any]:
+        """Run Python source on every rank (or ``ranks``), each in its own namespace.
+
+        The namespace starts with ``rank``, ``world_size``, ``local_rank``, ``torch`` and
+        ``dist``, and keeps every variable between calls. Returns each rank's value of
+        the last expression (None when the source ends in a statement); with
+        ``display=True`` those values are also printed, labelled by rank.
+        """
+        if not isinstance(source, str):
+            raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
+        filename = filename or _cache_source(source)
+        replies = self._request({"op": "exec", "source": source, "filename": filename}, ranks, timeout)
+        values = []
+        for m in replies:
+            if display and m.get("repr") is not None:
+                self._last_router.note(f"[rank {m['rank']}] Out: {m['repr']}")
+            values.append(pickle.loads(m["data"]) if m.get("data") is not None else m.get("repr"))
+        return values
+
+    def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
+        """Set variables in the ranks' namespaces.
+
+        ``push(lr=0.1)`` gives every rank the same value. With ``per_rank=True`` each value
+        must be a sequence with one item per targeted rank: ``push(per_rank=True,
+        shard=[a, b])`` gives rank 0 ``a`` and rank 1 ``b``.
+        """
+        targets = self._targets(ranks)
+        if not values:
+            raise ValueError("push() needs at least one name=value, like push(lr=0.1).")
+        if per_rank:
+            for name, value in values.items():
+                if not hasattr(value, "__len__") or len(value) != len(targets):
+                    got = len(value) if hasattr(value, "__len__") else type(value).__name__
+                    raise ValueError(
+                        f"push(per_rank=True, {name}=...) needs one value per rank: {len(targets)} "
+                        f"for ranks {targets}, got {got}. Without per_rank=True every rank gets the same value."
+                    )
+            for i, r in enumerate(targets):
+                payload = serialize({n: v[i] for n, v in values.items()}, "the pushed values")
+                self._request({"op": "push", "payload": payload}, [r], None)
+            return
+        payload = serialize(values, "the pushed values")
+        self._request({"op": "push", "payload": payload}, targets, None)
+
+    def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """The value of variable ``name`` on every rank (or ``ranks``), in rank order."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"pull() needs a variable name like 'x'; got {name!r}.")
+        replies = self._request({"op": "pull", "names": [name]}, ranks, None)
+        return [pickle.loads(m["data"])[0] for m in replies]
+
+    # -- machinery --------------------------------------------------------------------
+
+    def _targets(self, ranks: Sequence[int] | None) -> list[int]:
+        if ranks is None:
+            return list(range(self.world_size))
+        if isinstance(ranks, int):
+            ranks = [ranks]
+        out = []
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+                raise ValueError(
+                    f"rank {r!r} is not in this cluster: ranks are 0 to {self.world_size - 1}."
+                )
+            if r not in out:
+                out.append(r)
+        return out
+
+    def _router(self, ranks: list[int] | None = None) -> OutputRouter:
+        view = self.view if self.view != "auto" else choose_view()
+        if view == "widgets" and self.output == "live":
+            self._view = RankOutputView(self.world_size, ranks)
+            router = OutputRouter(self._view.write, max_lines=self.max_lines)
+        else:
+            router = OutputRouter(self.output, max_lines=self.max_lines)
+        self._last_router = router
+        return router
+
+    def _request(self, message: dict, ranks: Sequence[int] | None, timeout: float | None) -> list[dict]:
+        group = self._group
+        if group is None:
+            raise ClusterError(
+                "the cluster is not running. Start it with cluster.start() (or %dist_start)."
+            )
+        targets = self._targets(ranks)
+        timeout = self.timeout if timeout is None else float(timeout)
+        validate_world(self.world_size, self.nnodes, timeout)
+        group.poll(0)  # collect anything that happened since the last request
+        group.take_events()
+        for r in targets:
+            state = group.ranks[r]
+            if state.state == "exited":
+                how = (
+                    f"was killed by {signal_name(state.exitcode)}"
+                    if state.exitcode is not None and state.exitcode < 0
+                    else f"exited with code {state.exitcode}"
+                )
+                raise ClusterError(
+                    f"rank {r} {how} earlier, so the process group is broken. Run %dist_restart "
+                    "(or cluster.restart()) for a fresh group; variables on the ranks are lost."
+                )
+            if state.state == "busy":
+                raise ClusterError(
+                    f"rank {r} is still busy with an earlier request (probably blocked in a "
+                    "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
+                    "for a fresh group, or target other ranks with --ranks."
+                )
+        group.router.flush()
+        group.router = self._router(targets)
+        try:
+            outcome = group.request(message, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
+        except KeyboardInterrupt:
+            self._interrupt([r for r in targets if group.ranks[r].state == "busy"])
+            raise
+        finally:
+            group.router.flush()
+        if outcome.pending or outcome.failures:
+            self._raise(outcome, message["op"], timeout)
+        return [outcome.replies[r] | {"rank": r} for r in targets]
+
+    def _interrupt(self, busy: list[int], announce: bool = True) -> list[int]:
+        """Send SIGINT to busy ranks; returns those still busy after a short wait."""
+        group = self._group
+        if not busy:
+            return []
+        group.signal(signal.SIGINT, busy)
+        deadline = time.monotonic() + _INTERRUPT_WAIT
+        while time.monotonic() < deadline and any(group.ranks[r].state == "busy" for r in busy):
+            try:
+                group.poll(0.05)
+            except KeyboardInterrupt:
+                break
+        group.take_events()
+        stuck = [r for r in busy if group.ranks[r].state == "busy"]
+        if stuck and announce:
+            group.router.note(
+                f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not stop: "
+                "blocked inside a communication call, which cannot be interrupted. Run "
+                "%dist_restart (or cluster.restart()) for a fresh group."
+            )
+        return stuck
+
+    def _raise(self, outcome: Outcome, what: str, timeout: float) -> None:
+        group = self._group
+        done = sorted(outcome.replies)
+        if outcome.failures:
+            cause = earliest(outcome.failures)
+            stuck: list[int] = []
+            dumps: dict[int, str] = {}
+            if outcome.pending:
+                dumps = group.dump_stacks(outcome.pending)
+                stuck = self._interrupt(outcome.pending, announce=False)
+            error = rank_failure(cause, self.world_size, [], bytes(group.ranks[cause["rank"]].diag).decode("utf-8", "replace"))
+            extra = []
+            if done:
+                extra.append(f"Rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished this request.")
+            if stuck:
+                waits = [
+                    diagnose.summarize(r, diagnose.main_stack(dumps.get(r, ""), group.ranks[r].main_thread))
+                    for r in stuck
+                ]
+                extra.append("Still blocked: " + "; ".join(waits) + ".")
+                extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
+            elif cause["ev"] == "exit":
+                extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
+            else:
+                extra.append("The other ranks keep their variables.")
+            error.message += "\n\n" + " ".join(extra)
+            error.args = (error.message,)
+            raise error
+        dumps = group.dump_stacks(outcome.pending)
+        stuck = self._interrupt(outcome.pending, announce=False)
+        recovery = (
+            "They were interrupted and keep their variables."
+            if not stuck
+            else f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} could not be "
+            "interrupted (blocked in a communication call): run %dist_restart (or "
+            "cluster.restart()) for a fresh group."
+        )
+        raise hang_report(
+            dumps,
+            {s.rank: s.main_thread for s in group.ranks},
+            done,
+            self.world_size,
+            timeout,
+            what="The cell" if what == "exec" else "The call",
+            recovery=recovery,
+        )
+
+
+def _cache_source(source: str) -> str:
+    """Register a cell's source so tracebacks can show its lines (as ``Cell In[N]``)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            return shell.compile.cache(source, shell.execution_count)
+    except Exception:  # noqa: BLE001 - outside IPython
+        pass
+    import linecache
+
+    name = f"<distributed-{abs(hash(source)) & 0xFFFFFFFF:x}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return name

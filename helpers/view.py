@@ -1,0 +1,80 @@
+"""Showing each rank's output in JupyterLab: one tab per rank, plus all ranks together.
+
+In a notebook opened in JupyterLab (or Colab) the persistent ranks' output goes to an
+ipywidgets view: a tab per rank and an "all ranks" tab with labelled lines. Where no
+widget frontend is there (nbclient, nbgrader, a terminal, an exported notebook) the same
+output is printed as plain ``[rank N] ...`` lines instead.
+
+``choose_view()`` decides: ``HELPERS_VIEW=text`` or ``HELPERS_VIEW=widgets`` forces one;
+otherwise widgets are used only inside a Jupyter kernel started by a Jupyter server for
+a notebook (it sets ``JPY_SESSION_NAME``) or on Colab, when ipywidgets is importable.
+
+Example::
+
+    >>> view = RankOutputView(world_size=2)     # in a notebook cell
+    >>> view.display()
+    >>> view.write(1, "stdout", "hello")        # appears in the "rank 1" tab and in "all"
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["choose_view", "RankOutputView"]
+
+
+def choose_view() -> str:
+    """``"widgets"`` or ``"text"`` for the current process."""
+    forced = os.environ.get("HELPERS_VIEW", "").strip().lower()
+    if forced in ("text", "widgets"):
+        return forced
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return "text"
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return "text"
+    if "JPY_SESSION_NAME" not in os.environ and "google.colab" not in sys.modules:
+        return "text"
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return "text"
+    return "widgets"
+
+
+class RankOutputView:
+    """A tab per rank and a combined tab, filled as the ranks print."""
+
+    def __init__(self, world_size: int, ranks: list[int] | None = None) -> None:
+        import ipywidgets as widgets
+
+        self.ranks = list(range(world_size)) if ranks is None else list(ranks)
+        layout = widgets.Layout(max_height="320px", overflow="auto")
+        self.combined = widgets.Output(layout=layout)
+        self.per_rank = {r: widgets.Output(layout=layout) for r in self.ranks}
+        self.tabs = widgets.Tab(children=[self.combined, *self.per_rank.values()])
+        for i, title in enumerate(["all ranks", *(f"rank {r}" for r in self.ranks)]):
+            self.tabs.set_title(i, title)
+        self._shown = False
+        self.lines = 0
+
+    def display(self) -> None:
+        from IPython.display import display
+
+        if not self._shown:
+            display(self.tabs)
+            self._shown = True
+
+    def write(self, rank: int, stream: str, line: str) -> None:
+        """Sink for :class:`~helpers.output.OutputRouter`: one labelled line."""
+        self.display()  # only cells that print get a view
+        self.lines += 1
+        mark = ":err" if stream == "stderr" else ""
+        self.combined.append_stdout(f"[rank {rank}{mark}] {line}\n")
+        target = self.per_rank.get(rank)
+        if target is not None:
+            target.append_stdout(line + "\n")
