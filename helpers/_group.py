@@ -13,6 +13,7 @@ the cell, so it lands under that cell.
 
 from __future__ import annotations
 
+import mmap
 import os
 import select
 import signal
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 from . import _wire
 from ._factory import Factory, FactoryError
+from ._instrument import BOARD_SLOT, read_board
 from ._rank import FD_NAMES
 from .output import OutputRouter
 
@@ -91,6 +93,8 @@ class RankGroup:
         router: OutputRouter | None = None,
         devices: list[int] | None = None,
         extra_env: dict[str, str] | None = None,
+        forbid: tuple[str, ...] = (),
+        forbid_reason: str = "",
     ) -> None:
         self.factory = factory
         self.world_size = world_size
@@ -101,6 +105,10 @@ class RankGroup:
         self.router = router or OutputRouter()
         self.devices = devices
         self.extra_env = extra_env or {}
+        self.forbid = tuple(forbid)
+        self.forbid_reason = forbid_reason
+        self.board = None
+        self.board_fd = None
         self.ranks = [RankState(r) for r in range(world_size)]
         self.events: list[dict] = []
         self.factory_dead: str | None = None
@@ -145,12 +153,22 @@ class RankGroup:
             "threads": max(1, cpus // local_world) if nnodes == 1 else max(1, cpus // world),
             "sources": kernel_sources(),
         }
+        if self.forbid:
+            common["forbid"] = list(self.forbid)
+            common["forbid_reason"] = self.forbid_reason
+        # The board: a few bytes per rank where each rank notes the call it is in.
+        self.board_fd = os.memfd_create("helpers-board", os.MFD_CLOEXEC)
+        os.ftruncate(self.board_fd, BOARD_SLOT * world)
+        self.board = mmap.mmap(self.board_fd, BOARD_SLOT * world)
         specs, child_fds = [], []
         for state in self.ranks:
             r = state.rank
             ours: dict[str, int] = {}
             theirs: list[int] = []
             for name in FD_NAMES:
+                if name == "board":
+                    theirs.append(os.dup(self.board_fd))
+                    continue
                 read_end, write_end = os.pipe()
                 if name == "cmd":  # we write, the rank reads
                     ours[name], child = write_end, read_end
@@ -415,6 +433,12 @@ class RankGroup:
                 quiet_since = None
         return {r: bytes(self.ranks[r].diag[before[r]:]).decode("utf-8", "replace") for r in ranks}
 
+    def read_board(self) -> list[dict]:
+        """What each rank notes it is doing right now (its current torch.distributed call)."""
+        if self.board is None:
+            return []
+        return read_board(self.board, self.world_size)
+
     # -- stop -------------------------------------------------------------------------
 
     def wait_exit(self, timeout: float) -> bool:
@@ -500,4 +524,8 @@ class RankGroup:
         except (KeyError, ValueError):
             pass
         self.factory.forget_group(self.gid)
+        if self.board is not None:
+            self.board.close()
+            os.close(self.board_fd)
+            self.board = None
         self._closed = True

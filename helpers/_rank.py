@@ -34,7 +34,7 @@ _PR_SET_PDEATHSIG = 1
 _THIS_FILE = os.path.abspath(__file__)
 
 # Fixed file descriptor order of the pipes a rank receives.
-FD_NAMES = ("stdout", "stderr", "cmd", "reply", "diag")
+FD_NAMES = ("stdout", "stderr", "cmd", "reply", "diag", "board")
 
 
 def _die_with_parent(parent: int) -> None:
@@ -176,9 +176,23 @@ class _Rank:
         )
         del store  # the process group keeps its own reference
 
+    def instrument(self) -> None:
+        """Wrap torch.distributed's calls (board always; events when a request traces)."""
+        from ._instrument import Instrument
+
+        self.inst = Instrument(self.spec["rank"], self.fd.get("board"), self.common["world_size"])
+        self.inst.install()
+        forbid = self.common.get("forbid")
+        if forbid:
+            self.inst.forbid(list(forbid), self.common.get("forbid_reason") or "not allowed in this exercise")
+
     # -- channel ----------------------------------------------------------------------
 
     def send(self, message: dict) -> None:
+        inst = getattr(self, "inst", None)
+        if inst is not None and inst.tracing and message.get("ev") in ("result", "error"):
+            message["trace"] = inst.take_events()
+            inst.tracing = False
         _wire.write_frame(self.fd["reply"], message)
 
     def recv(self) -> Any:
@@ -239,6 +253,10 @@ class _Rank:
         import cloudpickle
 
         op, rid = message["op"], message.get("id")
+        inst = getattr(self, "inst", None)
+        if inst is not None:
+            inst.take_events()
+            inst.tracing = bool(message.get("trace"))
         try:
             if op == "call":
                 fn, args, kwargs = cloudpickle.loads(message["payload"])
@@ -312,6 +330,7 @@ def main(spec: dict, common: dict, fds: list[int], parent: int) -> None:
                 error["phase"] = "init"
                 rank.send({"ev": "error", "id": None, "error": error})
                 raise SystemExit(1)
+        rank.instrument()
         rank.serve()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import diagnose
 from .errors import LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
 
@@ -93,17 +91,17 @@ def hang_report(
     timeout: float,
     what: str = "the ranks",
     recovery: str = "All ranks were stopped.",
+    board: list[dict] | None = None,
 ) -> LaunchTimeoutError:
-    """Build the error for ranks still running at the timeout, from their stack dumps."""
-    stacks: dict[int, str] = {}
-    waiting: dict[int, str] = {}
-    calls: dict[int, Any] = {}
-    for rank in sorted(dumps):
-        frames = diagnose.main_stack(dumps[rank], main_threads.get(rank))
-        stacks[rank] = diagnose.format_stack(frames)
-        waiting[rank] = diagnose.summarize(rank, frames)
-        calls[rank] = diagnose.describe_wait(frames)["call"] if frames else None
+    """Build the error for ranks still running at the timeout, from their stacks and board."""
     busy = sorted(dumps)
+    frames = {r: diagnose.main_stack(dumps[r], main_threads.get(r)) for r in busy}
+    stacks = {r: diagnose.format_stack(frames[r]) for r in busy}
+    waiting, notes = diagnose.explain_hang(board or [], frames, busy, finished)
+    if not board:  # no board (should not happen): fall back on the stacks alone
+        calls = {r: diagnose.describe_wait(frames[r])["call"] if frames[r] else None for r in busy}
+        if len(busy) > 1 and all(calls.get(r) in ("recv", "irecv") for r in busy):
+            notes.append("Every running rank is receiving, so nobody is sending.")
     lines = [
         f"{what} did not finish within {timeout:g} s: "
         f"{len(busy)} of {world_size} rank{'s' if world_size != 1 else ''} still running. {recovery}",
@@ -112,16 +110,13 @@ def hang_report(
     lines += [waiting[r] for r in busy]
     if finished:
         lines.append(f"finished: rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}")
-    receiving = [r for r in busy if calls.get(r) in ("recv", "irecv", "wait")]
-    if busy and len(receiving) == len(busy) and len(busy) > 1:
-        lines += ["", "Every running rank is receiving, so nobody is sending: a deadlock. Let some "
-                  "ranks send first (for example even ranks send while odd ranks receive), or use "
-                  "isend/irecv."]
-    elif any(calls.get(r) for r in busy) and finished:
-        lines += ["", "Some ranks finished while others still wait for them: a collective or a "
-                  "recv that one rank never reached, or a send to the wrong rank."]
+    if notes:
+        lines += ["", *notes]
+    if any("receiving before anyone sends" in n or "Every running rank is receiving" in n for n in notes):
+        lines += ["Fix: let some ranks send first (for example even ranks send while odd ranks "
+                  "receive), or post the receives with irecv and wait after sending."]
     lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
               "a larger timeout=."]
     return LaunchTimeoutError(
-        "\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished
+        "\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished, notes=notes
     )

@@ -26,7 +26,17 @@ from typing import Any
 
 from .errors import cell_label
 
-__all__ = ["parse_dump", "main_stack", "describe_wait", "format_stack"]
+__all__ = [
+    "parse_dump",
+    "main_stack",
+    "describe_wait",
+    "format_stack",
+    "summarize",
+    "call_text",
+    "wait_for_graph",
+    "find_cycle",
+    "explain_hang",
+]
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
@@ -133,3 +143,134 @@ def summarize(rank: int, frames: list[dict[str, Any]]) -> str:
     if where["idle"]:
         return f"rank {rank} was idle, waiting for work"
     return f"rank {rank} is running{at}"
+
+
+# --------------------------------------------------------------------------------------
+# Who waits for whom: the wait-for graph of hung ranks, from the board.
+# --------------------------------------------------------------------------------------
+
+_PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadcast": "src",
+              "scatter": "src", "broadcast_object_list": "src", "scatter_object_list": "src"}
+
+
+def call_text(record: dict[str, Any]) -> str:
+    """``recv(src=1)``, ``wait() on irecv(src=1)``, ``all_reduce`` from a board record."""
+    op = record.get("op")
+    if op is None:
+        return "?"
+    peer = record.get("peer")
+    if peer is not None:
+        word = _PEER_WORD.get(op, "dst")
+        text = f"{op}({word}={peer})"
+    else:
+        text = f"{op}()" if op in ("recv", "irecv") else op
+    if record.get("state") == "wait":
+        text = f"wait() on {text}" if op != "wait" else "wait()"
+    return text
+
+
+def wait_for_graph(board: list[dict[str, Any]], busy: list[int], finished: list[int]) -> dict[int, list[int]]:
+    """Edges rank -> ranks it waits for, from what each busy rank is blocked in."""
+    edges: dict[int, list[int]] = {}
+    n = len(board)
+    for r in busy:
+        rec = board[r] if r < n else None
+        if rec is None or rec["state"] == "idle" or rec["op"] is None:
+            continue
+        op, peer = rec["op"], rec["peer"]
+        from ._instrument import COLLECTIVE_OPS
+
+        if op in COLLECTIVE_OPS:
+            members = rec["members"] or list(range(n))
+            edges[r] = [
+                m for m in members
+                if m != r and not (m in busy and board[m]["op"] == op and board[m]["seq"] == rec["seq"] and board[m]["state"] != "idle")
+            ]
+        elif peer is not None:
+            edges[r] = [peer]
+    return edges
+
+
+def find_cycle(edges: dict[int, list[int]]) -> list[int] | None:
+    """A cycle in the wait-for graph, as a list of ranks (first repeated at the end)."""
+    color: dict[int, int] = {}
+    stack: list[int] = []
+
+    def visit(node: int) -> list[int] | None:
+        color[node] = 1
+        stack.append(node)
+        for nxt in edges.get(node, []):
+            if color.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in color:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        color[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in color:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
+def explain_hang(
+    board: list[dict[str, Any]],
+    frames: dict[int, list[dict[str, Any]]],
+    busy: list[int],
+    finished: list[int],
+) -> tuple[dict[int, str], list[str]]:
+    """Per busy rank, where it waits; and the conclusions (cycle, missing collective)."""
+    lines: dict[int, str] = {}
+    for r in busy:
+        rec = board[r] if r < len(board) else None
+        stack = frames.get(r, [])
+        where = describe_wait(stack) if stack else {"user": None, "call": None, "idle": False}
+        user = where["user"]
+        at = ""
+        if user is not None:
+            code = source_line(user)
+            at = f" at {frame_label(user)}" + (f": {code}" if code else "")
+        if rec is not None and rec["state"] != "idle" and rec["op"]:
+            lines[r] = f"rank {r} waits in {call_text(rec)}{at}"
+        else:
+            lines[r] = summarize(r, stack)
+    edges = wait_for_graph(board, busy, finished) if board else {}
+    notes: list[str] = []
+    from ._instrument import COLLECTIVE_OPS
+
+    # A collective some member never reached.
+    for r in busy:
+        rec = board[r] if board else None
+        if not rec or rec["op"] not in COLLECTIVE_OPS or rec["state"] == "idle":
+            continue
+        for m in edges.get(r, []):
+            if m in finished:
+                note = f"rank {m} never reached {rec['op']}: it already returned"
+            elif m < len(board) and board[m]["op"] and board[m]["state"] != "idle":
+                note = f"rank {m} never reached {rec['op']}; it is in {call_text(board[m])}"
+            else:
+                note = f"rank {m} never reached {rec['op']}"
+            m_user = describe_wait(frames.get(m, []))["user"] if frames.get(m) else None
+            if m_user is not None and m not in finished:
+                note += f" at {frame_label(m_user)}"
+            if note not in notes:
+                notes.append(note)
+    cycle = find_cycle(edges)
+    if cycle:
+        chain = ", ".join(f"rank {a} waits for rank {b}" for a, b in zip(cycle, cycle[1:]))
+        ops = {board[r]["op"] for r in cycle[:-1] if board[r]["op"]}
+        if ops and ops <= {"recv", "irecv", "recv_object_list"} and not any(board[r]["state"] == "wait" and board[r]["op"] in ("isend",) for r in cycle[:-1]):
+            notes.append(f"Wait-for cycle: {chain}: every rank is receiving before anyone sends.")
+        else:
+            notes.append(f"Wait-for cycle: {chain}: none of them can go on.")
+    for r in busy:
+        for m in edges.get(r, []):
+            rec = board[r]
+            if m in finished and rec["op"] not in COLLECTIVE_OPS:
+                notes.append(f"rank {r} waits for rank {m}, which already returned: rank {m} never made the matching call.")
+    return lines, notes

@@ -30,6 +30,7 @@ from ._report import earliest, hang_report, rank_failure
 from .backend import resolve_backend
 from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
+from .trace import Trace
 
 __all__ = ["launch", "LaunchResult", "validate_world", "serialize", "serialize_call"]
 
@@ -41,12 +42,14 @@ class LaunchResult(list):
     """The ranks' return values, indexed by rank, plus what else the launch produced.
 
     Attributes: ``output`` (rank -> text the rank printed, last 64 KiB), ``backend``,
-    ``seconds`` (wall time of the launch).
+    ``seconds`` (wall time of the launch), ``trace`` (a :class:`~helpers.trace.Trace`
+    with ``trace=True``, else None).
     """
 
     output: dict[int, str]
     backend: str
     seconds: float
+    trace: Trace | None = None
 
 
 def validate_world(world_size: Any, nnodes: Any = 1, timeout: Any = 60.0) -> None:
@@ -112,6 +115,9 @@ def launch(
     output: OutputSpec = "live",
     max_lines: int = 1000,
     kwargs: dict[str, Any] | None = None,
+    trace: bool = False,
+    forbid: Sequence[str] = (),
+    forbid_reason: str = "",
 ) -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
 
@@ -139,6 +145,12 @@ def launch(
         Where the ranks' printed output goes; see :mod:`helpers.output`.
     max_lines:
         At most this many lines per rank are shown.
+    trace:
+        Record every torch.distributed call on every rank; the result's ``.trace`` is a
+        :class:`~helpers.trace.Trace`.
+    forbid, forbid_reason:
+        Names of collectives (``"all_reduce"``, ...) that raise ``forbid_reason`` on the
+        ranks, also through the process-group object: for exercises that build them.
 
     Returns
     -------
@@ -178,10 +190,13 @@ def launch(
         pg_timeout=timeout + 30.0,  # our own timeout must fire first, with a diagnosis
         router=router,
         devices=list(choice.devices) if choice.devices else None,
+        forbid=tuple(forbid),
+        forbid_reason=forbid_reason,
     )
     try:
         group.start()
-        outcome = group.request({"op": "call", "payload": payload}, list(range(world_size)), timeout)
+        request = {"op": "call", "payload": payload, "trace": bool(trace)}
+        outcome = group.request(request, list(range(world_size)), timeout)
         if outcome.failures:
             cause = earliest(outcome.failures)
             others = [r for r in group.live if r != cause["rank"]]
@@ -189,6 +204,7 @@ def launch(
             diag = bytes(group.ranks[cause["rank"]].diag).decode("utf-8", "replace")
             raise rank_failure(cause, world_size, others, diag)
         if outcome.pending:
+            board = group.read_board()
             dumps = group.dump_stacks(outcome.pending)
             finished = sorted(outcome.replies)
             group.stop()
@@ -199,6 +215,7 @@ def launch(
                 world_size,
                 timeout,
                 what="The ranks",
+                board=board,
             )
         import pickle
 
@@ -218,4 +235,9 @@ def launch(
     results.output = {r: router.text(r) for r in range(world_size)}
     results.backend = choice.name
     results.seconds = time.perf_counter() - started
+    results.trace = (
+        Trace.from_replies(world_size, {r: outcome.replies[r].get("trace", []) for r in range(world_size)})
+        if trace
+        else None
+    )
     return results

@@ -1,0 +1,417 @@
+"""Watching torch.distributed from inside a rank: what it is waiting for, and a trace.
+
+Every rank wraps the public torch.distributed communication functions once, at start.
+The wrappers always note the call in progress on a small shared "board" (a few bytes
+per rank in memory the notebook can read at any moment), so that a hang can be
+explained even when the rank is stuck inside C++: which call, which peer. With tracing
+on, each call is also recorded as an event (op, peer, bytes, dtype, shape, times); the
+events go home with the request's reply.
+
+The same wrappers can forbid functions: an exercise that asks for a hand-made
+all-reduce runs with ``all_reduce`` and its relatives disabled, also on the process
+group object, so only point-to-point calls can do the work.
+
+This module runs in the ranks only; the notebook side is :mod:`helpers.trace`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import mmap
+import struct
+import threading
+import time
+from typing import Any, Callable
+
+__all__ = [
+    "P2P_OPS",
+    "COLLECTIVE_OPS",
+    "OPS",
+    "BOARD_SLOT",
+    "BOARD_FORMAT",
+    "Instrument",
+    "read_board",
+    "FORBIDDEN_ALIASES",
+]
+
+P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
+COLLECTIVE_OPS = (
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+)
+OPS = P2P_OPS + COLLECTIVE_OPS + ("wait",)
+
+# Process-group methods and functional collectives that do the same work as a public
+# collective; forbidding the collective forbids these too.
+FORBIDDEN_ALIASES = {
+    "all_reduce": ("allreduce", "allreduce_coalesced"),
+    "broadcast": ("broadcast",),
+    "reduce": ("reduce",),
+    "all_gather": ("allgather", "allgather_coalesced", "_allgather_base", "all_gather_single"),
+    "all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced", "all_gather_single"),
+    "gather": ("gather",),
+    "scatter": ("scatter",),
+    "reduce_scatter": ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single"),
+    "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
+    "all_to_all": ("alltoall", "alltoall_base", "all_to_all_single"),
+    "all_to_all_single": ("alltoall_base", "all_to_all_single"),
+    "barrier": ("barrier", "monitored_barrier"),
+}
+
+# state, op index, peer, sequence number, bytes, group members bit mask, start time
+BOARD_FORMAT = struct.Struct("<BBhIQQd")
+BOARD_SLOT = 64
+_IDLE, _IN_CALL, _WAITING = 0, 1, 2
+
+_PEER_PARAMS = ("dst", "src")
+_GROUP_PEER_PARAMS = ("group_dst", "group_src")
+_TENSOR_PARAM = {
+    "all_gather": "tensor",
+    "all_gather_into_tensor": "input_tensor",
+    "_all_gather_base": "input_tensor",
+    "gather": "tensor",
+    "scatter": "scatter_list",
+    "reduce_scatter": "input_list",
+    "reduce_scatter_tensor": "input",
+    "_reduce_scatter_base": "input",
+    "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input",
+}
+
+
+def read_board(buffer: Any, world_size: int) -> list[dict[str, Any]]:
+    """Decode every rank's slot of a board (notebook side)."""
+    out = []
+    for rank in range(world_size):
+        state, op, peer, seq, nbytes, mask, start = BOARD_FORMAT.unpack_from(buffer, rank * BOARD_SLOT)
+        out.append(
+            {
+                "rank": rank,
+                "state": ("idle", "call", "wait")[state] if state < 3 else "idle",
+                "op": OPS[op] if state and op < len(OPS) else None,
+                "peer": None if peer < 0 else peer,
+                "seq": seq,
+                "nbytes": nbytes,
+                "members": [r for r in range(64) if mask >> r & 1] if mask else None,
+                "start": start,
+            }
+        )
+    return out
+
+
+def _nbytes(value: Any) -> int | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return sum(v.numel() * v.element_size() for v in value)
+    return None
+
+
+class _TracedWork:
+    """Stands in for a ``Work`` request; records when it is waited on."""
+
+    __slots__ = ("_work", "_events", "_instrument", "_label")
+
+    def __init__(self, work: Any, events: list[dict], instrument: "Instrument", label: tuple) -> None:
+        self._work = work
+        self._events = events
+        self._instrument = instrument
+        self._label = label
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        inst = self._instrument
+        op, peer, nbytes = self._label
+        inst.post(_WAITING, op, peer, nbytes, None)
+        began = time.perf_counter()
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            ended = time.perf_counter()
+            inst.post(_IDLE, op, peer, 0, None)
+            for event in self._events:
+                if event.get("wait_start") is None:
+                    event["wait_start"] = began
+                event["waited"] = ended
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+    def __repr__(self) -> str:
+        return f"<traced {self._work!r}>"
+
+
+class Instrument:
+    """The wrappers of one rank: board updates always, events when tracing."""
+
+    def __init__(self, rank: int, board_fd: int | None, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.tracing = False
+        self.events: list[dict] = []
+        self.forbidden: dict[str, str] = {}
+        self.seq = 0
+        self._local = threading.local()
+        self._board = None
+        if board_fd is not None:
+            try:
+                self._board = mmap.mmap(board_fd, BOARD_SLOT * world_size)
+            except (OSError, ValueError):
+                self._board = None
+        self._offset = rank * BOARD_SLOT
+        self._originals: dict[tuple[Any, str], Any] = {}
+
+    # -- board ------------------------------------------------------------------------
+
+    def post(self, state: int, op: str, peer: int | None, nbytes: int | None, members: int | None) -> None:
+        if self._board is None:
+            return
+        BOARD_FORMAT.pack_into(
+            self._board,
+            self._offset,
+            state,
+            OPS.index(op) if op in OPS else 0,
+            -1 if peer is None else int(peer),
+            self.seq,
+            int(nbytes or 0),
+            int(members or 0),
+            time.perf_counter(),
+        )
+
+    # -- install ----------------------------------------------------------------------
+
+    def install(self) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in P2P_OPS + COLLECTIVE_OPS:
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            wrapped = self._wrap(name, original)
+            self._set(c10d, name, wrapped)
+            if getattr(dist, name, None) is original:
+                self._set(dist, name, wrapped)
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        self._originals.setdefault((owner, name), getattr(owner, name))
+        setattr(owner, name, value)
+
+    def forbid(self, names: list[str], reason: str) -> None:
+        """Make these collectives (and their process-group aliases) raise ``reason``."""
+        import torch.distributed as dist
+
+        for name in names:
+            self.forbidden[name] = reason
+            for method in FORBIDDEN_ALIASES.get(name, ()):
+                for cls in _process_group_classes():
+                    if hasattr(cls, method):
+                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason))
+            try:
+                import torch.distributed._functional_collectives as fc
+
+                for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
+                    if hasattr(fc, fname):
+                        self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason))
+            except ImportError:
+                pass
+        _ = dist
+
+    # -- the wrapper ------------------------------------------------------------------
+
+    def _wrap(self, name: str, fn: Callable) -> Callable:
+        params = list(inspect.signature(fn).parameters)
+        peer_param = next((p for p in _PEER_PARAMS if p in params), None)
+        group_peer_param = next((p for p in _GROUP_PEER_PARAMS if p in params), None)
+        tensor_param = _TENSOR_PARAM.get(name, params[0] if params else None)
+        is_p2p = name in P2P_OPS
+        inst = self
+        local = self._local
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if name in inst.forbidden:
+                raise RuntimeError(f"torch.distributed.{name} is disabled here: {inst.forbidden[name]}")
+            if getattr(local, "depth", 0):  # a call made by another wrapped call
+                return fn(*args, **kwargs)
+            bound = dict(zip(params, args))
+            bound.update(kwargs)
+            peer = bound.get(peer_param) if peer_param else None
+            group = bound.get("group")
+            if peer is None and group_peer_param and bound.get(group_peer_param) is not None:
+                peer = _global_rank(group, bound[group_peer_param])
+            if name == "batch_isend_irecv":
+                return inst._batch(fn, bound.get("p2p_op_list") or [])
+            tensor = bound.get(tensor_param) if tensor_param else None
+            nbytes = _nbytes(tensor)
+            members = None if is_p2p else _members(group)
+            if not is_p2p:
+                inst.seq += 1
+            inst.post(_IN_CALL, name, peer, nbytes, members)
+            local.depth = 1
+            start = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                local.depth = 0
+                end = time.perf_counter()
+                inst.post(_IDLE, name, peer, 0, None)
+            if name == "recv" and peer is None and isinstance(result, int):
+                peer = result  # receive from any source: now we know who sent
+            if inst.tracing:
+                event = inst._event(name, peer, tensor, nbytes, start, end, group, bound)
+                if _is_work(result):
+                    event["async"] = True
+                    return _TracedWork(result, [event], inst, (name, peer, nbytes))
+            elif _is_work(result) and inst._board is not None:
+                return _TracedWork(result, [], inst, (name, peer, nbytes))
+            return result
+
+        wrapper.__name__ = fn.__name__
+        wrapper.__qualname__ = fn.__qualname__
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__wrapped__ = fn
+        wrapper.__module__ = fn.__module__
+        return wrapper
+
+    def _batch(self, fn: Callable, ops: list) -> Any:
+        local = self._local
+        labels = []
+        for op in ops:
+            kind = getattr(getattr(op, "op", None), "__name__", "isend")
+            labels.append((kind, op.peer, _nbytes(op.tensor), op.tensor))
+        self.post(_IN_CALL, "batch_isend_irecv", labels[0][1] if labels else None, sum(n or 0 for _, _, n, _ in labels), None)
+        local.depth = 1
+        start = time.perf_counter()
+        try:
+            works = fn(ops)
+        finally:
+            local.depth = 0
+            end = time.perf_counter()
+            self.post(_IDLE, "batch_isend_irecv", None, 0, None)
+        if not self.tracing:
+            return works
+        events = [
+            self._event(kind, peer, tensor, nbytes, start, end, None, {}, batch=True)
+            for kind, peer, nbytes, tensor in labels
+        ]
+        for event in events:
+            event["async"] = True
+        if isinstance(works, list):
+            # One request may stand for the whole batch: each waits for all of its events.
+            return [_TracedWork(w, events, self, ("wait", None, 0)) for w in works]
+        return works
+
+    def _event(
+        self, name: str, peer: Any, tensor: Any, nbytes: Any, start: float, end: float, group: Any, bound: dict, batch: bool = False
+    ) -> dict:
+        import torch
+
+        event: dict[str, Any] = {
+            "rank": self.rank,
+            "op": name,
+            "peer": peer,
+            "nbytes": nbytes,
+            "dtype": None,
+            "shape": None,
+            "start": start,
+            "end": end,
+            "async": False,
+            "wait_start": None,
+            "waited": None,
+            "tag": bound.get("tag", 0) or 0,
+            "group": _members_list(group),
+            "batch": batch,
+            "seq": self.seq if name in COLLECTIVE_OPS else None,
+            "offset": None,
+            "base_nbytes": None,
+        }
+        if isinstance(tensor, torch.Tensor):
+            event["dtype"] = str(tensor.dtype).replace("torch.", "")
+            event["shape"] = tuple(tensor.shape)
+            try:
+                event["offset"] = tensor.storage_offset() * tensor.element_size()
+                event["base_nbytes"] = tensor.untyped_storage().nbytes()
+            except Exception:  # noqa: BLE001 - sparse or unusual tensors
+                pass
+        if "op" in bound and name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
+            event["reduce_op"] = str(bound["op"]).rsplit(".", 1)[-1]
+        self.events.append(event)
+        return event
+
+    def take_events(self) -> list[dict]:
+        events, self.events = self.events, []
+        return events
+
+
+def _is_work(value: Any) -> bool:
+    return hasattr(value, "wait") and hasattr(value, "is_completed")
+
+
+def _members(group: Any) -> int | None:
+    ranks = _members_list(group)
+    if ranks is None:
+        return None
+    mask = 0
+    for r in ranks:
+        if r < 64:
+            mask |= 1 << r
+    return mask
+
+
+def _members_list(group: Any) -> list[int] | None:
+    if group is None:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if group is dist.GroupMember.WORLD:
+            return None
+        return list(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_global_rank(group, group_rank) if group is not None else group_rank
+    except Exception:  # noqa: BLE001
+        return group_rank
+
+
+def _process_group_classes() -> list[type]:
+    import torch.distributed as dist
+
+    classes = [dist.ProcessGroup]
+    for name in ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI", "Backend"):
+        cls = getattr(dist, name, None) or getattr(dist.distributed_c10d, name, None)
+        if isinstance(cls, type):
+            classes.append(cls)
+    return classes
+
+
+def _refuser(label: str, reason: str) -> Callable:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{label} is disabled here: {reason}")
+
+    refuse.__name__ = label.rsplit(".", 1)[-1]
+    return refuse

@@ -1,0 +1,451 @@
+"""Traces of torch.distributed calls: who sent what to whom, and when.
+
+Pass ``trace=True`` to :func:`helpers.launch`, :meth:`helpers.Cluster.run` or
+``%%distributed --trace`` and the result carries a :class:`Trace`: every point-to-point
+and collective call each rank made, with its peer, size and timing. From it you can
+count messages and bytes, build the matrix of bytes between ranks, and draw pictures.
+
+Example::
+
+    >>> def ring(rank, world_size):
+    ...     t = torch.ones(4)
+    ...     right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    ...     if rank % 2 == 0:
+    ...         dist.send(t, right); dist.recv(t, left)
+    ...     else:
+    ...         dist.recv(t, left); dist.send(t, right)
+    >>> trace = launch(ring, 4, trace=True).trace
+    >>> trace.summary()[0]["sent_messages"], trace.link_matrix()[0][1]
+    (1, 16)
+    >>> fig = trace.plot_timeline()
+
+Times are seconds from the first call in the trace. Point-to-point traffic is exact;
+collectives are recorded as calls with their tensor sizes, but how many bytes they
+move between which ranks depends on the backend's algorithm, so the link matrix counts
+point-to-point messages only (``Trace.link_note`` says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+__all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS"]
+
+SEND_OPS = ("send", "isend", "send_object_list")
+RECV_OPS = ("recv", "irecv", "recv_object_list")
+_COLORS = {
+    "send": "#1f77b4",
+    "isend": "#6baed6",
+    "recv": "#ff7f0e",
+    "irecv": "#fdae6b",
+    "all_reduce": "#2ca02c",
+    "broadcast": "#9467bd",
+    "barrier": "#7f7f7f",
+}
+
+
+@dataclass
+class Event:
+    """One torch.distributed call on one rank.
+
+    ``start``/``end`` bound the call itself; for asynchronous calls (``isend``,
+    ``irecv``, ``async_op=True``) ``waited`` is when ``wait()`` returned, if it was called.
+    """
+
+    rank: int
+    op: str
+    peer: int | None
+    nbytes: int | None
+    dtype: str | None
+    shape: tuple | None
+    start: float
+    end: float
+    async_op: bool = False
+    wait_start: float | None = None
+    waited: float | None = None
+    tag: int = 0
+    group: list[int] | None = None
+    batch: bool = False
+    seq: int | None = None
+    offset: int | None = None
+    base_nbytes: int | None = None
+    reduce_op: str | None = None
+
+    @property
+    def done(self) -> float:
+        """When the operation was known to be complete (end, or the end of its wait)."""
+        return self.waited if self.waited is not None else self.end
+
+    @property
+    def is_send(self) -> bool:
+        return self.op in SEND_OPS
+
+    @property
+    def is_recv(self) -> bool:
+        return self.op in RECV_OPS
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.is_send or self.is_recv
+
+
+@dataclass
+class Trace:
+    """All events of one traced request, across ranks, times relative to the first call."""
+
+    world_size: int
+    events: list[Event] = field(default_factory=list)
+    link_note: str = (
+        "Counts point-to-point messages only (send, isend, send_object_list and the sends in "
+        "batch_isend_irecv). Collectives are listed by op_totals(); the bytes they move "
+        "between ranks depend on the backend's algorithm and are not counted here."
+    )
+
+    @classmethod
+    def from_replies(cls, world_size: int, per_rank: dict[int, list[dict]]) -> "Trace":
+        raw = [e for events in per_rank.values() for e in events]
+        t0 = min((e["start"] for e in raw), default=0.0)
+        events = []
+        for e in raw:
+            def rel(x):
+                return None if x is None else x - t0
+
+            events.append(
+                Event(
+                    rank=e["rank"],
+                    op=e["op"],
+                    peer=e["peer"],
+                    nbytes=e["nbytes"],
+                    dtype=e["dtype"],
+                    shape=tuple(e["shape"]) if e["shape"] is not None else None,
+                    start=e["start"] - t0,
+                    end=e["end"] - t0,
+                    async_op=e.get("async", False),
+                    wait_start=rel(e.get("wait_start")),
+                    waited=rel(e.get("waited")),
+                    tag=e.get("tag", 0),
+                    group=e.get("group"),
+                    batch=e.get("batch", False),
+                    seq=e.get("seq"),
+                    offset=e.get("offset"),
+                    base_nbytes=e.get("base_nbytes"),
+                    reduce_op=e.get("reduce_op"),
+                )
+            )
+        events.sort(key=lambda ev: (ev.start, ev.rank))
+        return cls(world_size, events)
+
+    # -- counting ---------------------------------------------------------------------
+
+    def for_rank(self, rank: int) -> list[Event]:
+        """The events of one rank, in the order it made the calls."""
+        return [e for e in self.events if e.rank == rank]
+
+    def summary(self) -> dict[int, dict[str, int]]:
+        """Per rank: messages and bytes sent and received point-to-point, and collective calls."""
+        out = {
+            r: {"sent_messages": 0, "sent_bytes": 0, "recv_messages": 0, "recv_bytes": 0, "collectives": 0}
+            for r in range(self.world_size)
+        }
+        for e in self.events:
+            row = out.setdefault(e.rank, {"sent_messages": 0, "sent_bytes": 0, "recv_messages": 0, "recv_bytes": 0, "collectives": 0})
+            if e.is_send:
+                row["sent_messages"] += 1
+                row["sent_bytes"] += e.nbytes or 0
+            elif e.is_recv:
+                row["recv_messages"] += 1
+                row["recv_bytes"] += e.nbytes or 0
+            else:
+                row["collectives"] += 1
+        return out
+
+    def messages_sent(self, rank: int) -> int:
+        return self.summary()[rank]["sent_messages"]
+
+    def bytes_sent(self, rank: int) -> int:
+        return self.summary()[rank]["sent_bytes"]
+
+    def link_matrix(self) -> list[list[int]]:
+        """``m[i][j]`` = bytes rank i sent to rank j point-to-point (see ``link_note``)."""
+        n = self.world_size
+        m = [[0] * n for _ in range(n)]
+        for e in self.events:
+            if e.is_send and e.peer is not None and 0 <= e.peer < n:
+                m[e.rank][e.peer] += e.nbytes or 0
+        return m
+
+    def op_totals(self) -> dict[str, dict[str, int]]:
+        """Per operation name: number of calls (all ranks) and bytes of their tensors."""
+        out: dict[str, dict[str, int]] = {}
+        for e in self.events:
+            row = out.setdefault(e.op, {"calls": 0, "bytes": 0})
+            row["calls"] += 1
+            row["bytes"] += e.nbytes or 0
+        return dict(sorted(out.items()))
+
+    def matched_messages(self) -> list[tuple[Event, Event | None]]:
+        """Pairs (send, matching recv) in delivery order per (sender, receiver, tag).
+
+        A send whose receive is not in the trace is paired with None.
+        """
+        recvs: dict[tuple[int, int, int], deque] = defaultdict(deque)
+        for e in self.events:
+            if e.is_recv and e.peer is not None:
+                recvs[(e.peer, e.rank, e.tag)].append(e)
+        pairs = []
+        for e in self.events:
+            if e.is_send and e.peer is not None:
+                queue = recvs.get((e.rank, e.peer, e.tag))
+                pairs.append((e, queue.popleft() if queue else None))
+        return pairs
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        sent = sum(r["sent_messages"] for r in s.values())
+        total = sum(r["sent_bytes"] for r in s.values())
+        return (
+            f"<Trace of {self.world_size} ranks: {len(self.events)} calls, {sent} point-to-point "
+            f"messages, {_human(total)} sent>"
+        )
+
+    def table(self) -> str:
+        """A text table of the per-rank summary."""
+        lines = [f"{'rank':>4}  {'sent msgs':>9}  {'sent bytes':>10}  {'recv msgs':>9}  {'recv bytes':>10}  {'collectives':>11}"]
+        for r, row in sorted(self.summary().items()):
+            lines.append(
+                f"{r:>4}  {row['sent_messages']:>9}  {row['sent_bytes']:>10}  {row['recv_messages']:>9}  "
+                f"{row['recv_bytes']:>10}  {row['collectives']:>11}"
+            )
+        return "\n".join(lines)
+
+    # -- ring steps -------------------------------------------------------------------
+
+    def ring_steps(self, numel: int | None = None) -> list[dict[str, Any]]:
+        """Reconstruct a ring all-reduce step by step from its point-to-point messages.
+
+        Step ``k`` is each rank's ``k``-th send. The chunk a message carries is read from
+        where the sent tensor lies in its parent tensor (a view such as ``t[a:b]``); when
+        the sends are copies, the textbook ring schedule is assumed and
+        ``assumed_chunks`` is True. Returns, per step: ``phase`` ("reduce-scatter" or
+        "all-gather"), ``sends`` [(src, dst, chunk)], and ``holdings``: for each rank and
+        chunk, how many ranks' values that chunk now sums (p = fully reduced).
+        """
+        p = self.world_size
+        sends = {r: [e for e in self.for_rank(r) if e.is_send] for r in range(p)}
+        steps = max((len(v) for v in sends.values()), default=0)
+        holdings = [[1] * p for _ in range(p)]  # holdings[rank][chunk]
+        contributors = [[{r} for _ in range(p)] for r in range(p)]
+        out = []
+        assumed = False
+        for k in range(steps):
+            phase = "reduce-scatter" if k < p - 1 else "all-gather"
+            moves = []
+            for r in range(p):
+                if k >= len(sends[r]):
+                    continue
+                e = sends[r][k]
+                chunk = _chunk_of(e, p)
+                if chunk is None:
+                    assumed = True
+                    chunk = (r - k) % p if k < p - 1 else (r - k + 1) % p
+                moves.append((r, e.peer, chunk))
+            new = [row[:] for row in contributors]
+            for src, dst, chunk in moves:
+                if dst is None:
+                    continue
+                if phase == "reduce-scatter":
+                    new[dst][chunk] = contributors[dst][chunk] | contributors[src][chunk]
+                else:
+                    new[dst][chunk] = set(contributors[src][chunk])
+            contributors = new
+            holdings = [[len(contributors[r][c]) for c in range(p)] for r in range(p)]
+            out.append({"step": k, "phase": phase, "sends": moves, "holdings": holdings, "assumed_chunks": assumed})
+        return out
+
+    # -- pictures ---------------------------------------------------------------------
+
+    def plot_timeline(self, ax: Any = None, arrows: bool = True, title: str | None = None):
+        """One lane per rank, a bar per call, an arrow per message from sender to receiver."""
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+
+        fig, ax = _figure(ax, (10, 1.0 + 0.6 * self.world_size))
+        seen = {}
+        for e in self.events:
+            color = _COLORS.get(e.op, "#8c564b" if not e.is_p2p else "#bcbd22")
+            width = max(e.end - e.start, 1e-6)
+            ax.barh(e.rank, width, left=e.start, height=0.5, color=color, edgecolor="black", linewidth=0.3)
+            if e.async_op and e.waited is not None and e.waited > e.end:
+                ax.barh(e.rank, e.waited - e.end, left=e.end, height=0.2, color=color, alpha=0.4)
+            seen.setdefault(e.op, color)
+        n_arrows = 0
+        if arrows:
+            for send, recv in self.matched_messages():
+                if recv is None:
+                    continue
+                ax.annotate(
+                    "",
+                    xy=(recv.done, recv.rank),
+                    xytext=(send.start, send.rank),
+                    arrowprops={"arrowstyle": "->", "color": "black", "alpha": 0.6, "lw": 0.8},
+                )
+                n_arrows += 1
+        ax.set_yticks(range(self.world_size))
+        ax.set_yticklabels([f"rank {r}" for r in range(self.world_size)])
+        ax.set_ylim(self.world_size - 0.5, -0.5)
+        ax.set_xlabel("time since the first call (s)")
+        ax.set_ylabel("rank")
+        ax.set_title(title or f"Timeline of {len(self.events)} calls on {self.world_size} ranks")
+        if seen:
+            handles = [Patch(color=c, label=op) for op, c in seen.items()]
+            if n_arrows:
+                from matplotlib.lines import Line2D
+
+                handles.append(Line2D([0], [0], color="black", lw=0.8, label="message"))
+            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.n_arrows = n_arrows
+        plt.close(fig)
+        return fig
+
+    def plot_links(self, ax: Any = None, title: str | None = None):
+        """Heatmap of bytes sent from each rank (rows) to each rank (columns)."""
+        import matplotlib.pyplot as plt
+
+        m = self.link_matrix()
+        fig, ax = _figure(ax, (1.6 + 0.9 * self.world_size, 1.2 + 0.8 * self.world_size))
+        image = ax.imshow(m, cmap="Blues")
+        peak = max((v for row in m for v in row), default=0)
+        for i, row in enumerate(m):
+            for j, v in enumerate(row):
+                ax.text(j, i, _human(v), ha="center", va="center", fontsize="small", color="white" if peak and v > peak / 2 else "black")
+        ax.set_xticks(range(self.world_size))
+        ax.set_yticks(range(self.world_size))
+        ax.set_xlabel("to rank")
+        ax.set_ylabel("from rank")
+        ax.set_title(title or "Bytes sent point-to-point")
+        fig.colorbar(image, ax=ax, label="bytes")
+        fig.tight_layout()
+        plt.close(fig)
+        return fig
+
+    def plot_ring_steps(self, interactive: bool | None = None):
+        """A ring all-reduce, step by step: which chunk each rank holds and sends.
+
+        In a notebook with widgets this returns a slider over the steps; elsewhere (or with
+        ``interactive=False``) a Figure with one panel per step.
+        """
+        steps = self.ring_steps()
+        if not steps:
+            raise ValueError("this trace has no point-to-point sends, so there is no ring to show")
+        if interactive is None:
+            from .view import choose_view
+
+            interactive = choose_view() == "widgets"
+        if interactive:
+            import ipywidgets as widgets
+
+            out = widgets.Output()
+            slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, description="step")
+
+            def show(change=None):
+                import matplotlib.pyplot as plt
+                from IPython.display import display
+
+                with out:
+                    out.clear_output(wait=True)
+                    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+                    self._draw_step(ax, steps[slider.value])
+                    fig.tight_layout()
+                    display(fig)
+                    plt.close(fig)
+
+            slider.observe(show, names="value")
+            show()
+            return widgets.VBox([slider, out])
+        import matplotlib.pyplot as plt
+
+        cols = min(len(steps), 4)
+        rows = math.ceil(len(steps) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
+        for ax in axes.flat[len(steps):]:
+            ax.axis("off")
+        for ax, step in zip(axes.flat, steps):
+            self._draw_step(ax, step)
+        fig.suptitle(f"Ring all-reduce on {self.world_size} ranks, step by step (number = ranks summed into the chunk)")
+        fig.tight_layout()
+        plt.close(fig)
+        return fig
+
+    def _draw_step(self, ax: Any, step: dict) -> None:
+        p = self.world_size
+        image = ax.imshow(step["holdings"], cmap="Greens", vmin=0, vmax=p)
+        for r in range(p):
+            for c in range(p):
+                ax.text(c, r, str(step["holdings"][r][c]), ha="center", va="center", fontsize="small")
+        for src, dst, chunk in step["sends"]:
+            ax.add_patch(_rect(chunk, src, "red"))
+        ax.set_xticks(range(p))
+        ax.set_yticks(range(p))
+        ax.set_xlabel("chunk")
+        ax.set_ylabel("rank")
+        ax.set_title(f"step {step['step'] + 1}: {step['phase']}\n(red = chunk sent to the next rank)", fontsize="small")
+        _ = image
+
+
+def _rect(chunk: int, rank: int, color: str):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((chunk - 0.5, rank - 0.5), 1, 1, fill=False, edgecolor=color, linewidth=2)
+
+
+def _chunk_of(e: Event, p: int) -> int | None:
+    """Which of p near-equal chunks of its parent tensor a sent view covers, if it is a view."""
+    if e.offset is None or e.base_nbytes is None or not e.nbytes or e.nbytes >= e.base_nbytes:
+        return None
+    item = _itemsize(e.dtype)
+    n = e.base_nbytes // item
+    start = e.offset // item
+    size = math.ceil(n / p)
+    return min(start // size, p - 1) if size else None
+
+
+def _itemsize(dtype: str | None) -> int:
+    import torch
+
+    try:
+        return torch.empty(0, dtype=getattr(torch, dtype or "float32")).element_size()
+    except (AttributeError, TypeError):
+        return 1
+
+
+def _figure(ax: Any, size: tuple[float, float]):
+    import matplotlib.pyplot as plt
+
+    if ax is not None:
+        return ax.figure, ax
+    fig, ax = plt.subplots(figsize=size)
+    return fig, ax
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def merge(traces: Iterable["Trace"]) -> "Trace":
+    """One trace from several (for example the cells of a lesson), kept in time order."""
+    traces = list(traces)
+    world = max((t.world_size for t in traces), default=0)
+    events = sorted((e for t in traces for e in t.events), key=lambda e: (e.start, e.rank))
+    return Trace(world, events)
