@@ -389,7 +389,8 @@ class Trace:
         image = ax.imshow(step["holdings"], cmap="Greens", vmin=0, vmax=p)
         for r in range(p):
             for c in range(p):
-                ax.text(c, r, str(step["holdings"][r][c]), ha="center", va="center", fontsize="small")
+                value = step["holdings"][r][c]
+                ax.text(c, r, str(value), ha="center", va="center", fontsize="small", color="white" if value > p / 2 else "black")
         for src, dst, chunk in step["sends"]:
             ax.add_patch(_rect(chunk, src, "red"))
         ax.set_xticks(range(p))
