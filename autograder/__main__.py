@@ -1,0 +1,22 @@
+"""Instructor commands: ``python -m autograder <command>`` (run from the repository root).
+
+  build [LESSON..] regenerate course/ from solutions/ (same as `make course`)
+  check            fail if course/ is out of date with solutions/
+"""
+
+import sys
+
+from .course import main as course_main
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] in ("build", "check"):
+        return course_main(argv[:1] if argv[0] == "check" else argv[1:])
+    print(f"unknown command {argv[0]!r}\n{__doc__}")
+    return 2
+
+
+raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""nbgrader configuration for this course (read by every `nbgrader` command run from here).
+
+- solutions/<lesson>/<lesson>.ipynb  instructor notebooks: the source of truth
+- course/<lesson>/<lesson>.ipynb     learner notebooks, made by `make course`
+- autograder/                        grading work folders (git-ignored) and the gradebook
+
+The course id and the work folders are set here so that the standard nbgrader commands
+(`nbgrader generate_assignment`, `nbgrader autograde`, `nbgrader generate_feedback`,
+`nbgrader export`, the formgrader) all work from the repository root.
+"""
+
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+c = get_config()  # noqa: F821 - provided by nbgrader's config loader
+
+c.CourseDirectory.course_id = "distributed-pytorch"
+c.CourseDirectory.root = HERE
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "course"
+c.CourseDirectory.submitted_directory = os.path.join("autograder", "submitted")
+c.CourseDirectory.autograded_directory = os.path.join("autograder", "autograded")
+c.CourseDirectory.feedback_directory = os.path.join("autograder", "feedback")
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "autograder", "gradebook.db")
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "README.md"]
+
+# Learner notebooks keep the lessons' pictures out of git: generate_assignment must not
+# execute anything, and releases carry no outputs.
+c.ClearOutput.enabled = True
+
+# Grading: every cell gets up to 90 s (the multi-rank checks end long before, on their
+# own timeouts), changed read-only and test cells are restored from the gradebook.
+c.Execute.timeout = 90
+c.Execute.interrupt_on_timeout = True
+c.Execute.allow_errors = True
+c.Execute.raise_on_iopub_timeout = False
+c.OverwriteCells.enabled = True
+c.CheckCellMetadata.enabled = True
+
+# Exercise stubs: what a learner sees in place of the solution.
+c.ClearSolutions.code_stub = {
+    "python": '# YOUR CODE HERE\nraise NotImplementedError("Replace this line with your code")'
+}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# A learner who deletes a graded cell gets it back (and graded) instead of losing it.
+c.OverwriteCells.add_missing_cells = True
+
+# A flood of output from a learner's cell is cut, not stored in the feedback.
+c.LimitOutput.max_lines = 200
+c.LimitOutput.max_traceback = 60
+
+# Stubs name their exercise (see autograder/preprocessors.py).
+c.GenerateAssignment.preprocessors = [
+    "nbgrader.preprocessors.IncludeHeaderFooter",
+    "nbgrader.preprocessors.InstantiateTests",
+    "nbgrader.preprocessors.LockCells",
+    "nbgrader.preprocessors.ClearSolutions",
+    "autograder.preprocessors.NameExerciseStubs",
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.CheckCellMetadata",
+    "nbgrader.preprocessors.ComputeChecksums",
+    "nbgrader.preprocessors.SaveCells",
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbgrader.preprocessors.ClearMarkScheme",
+    "nbgrader.preprocessors.ComputeChecksums",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
