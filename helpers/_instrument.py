@@ -32,7 +32,15 @@ __all__ = [
     "Instrument",
     "read_board",
     "FORBIDDEN_ALIASES",
+    "current",
 ]
+
+_current: "Instrument | None" = None
+
+
+def current() -> "Instrument | None":
+    """The rank's instrument (None outside a rank, or with HELPERS_NO_INSTRUMENT=1)."""
+    return _current
 
 P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
 COLLECTIVE_OPS = (
@@ -74,6 +82,8 @@ FORBIDDEN_ALIASES = {
     "all_to_all_single": ("alltoall_base", "all_to_all_single"),
     "barrier": ("barrier", "monitored_barrier"),
 }
+
+_OP_INDEX = {name: i for i, name in enumerate(OPS)}
 
 # state, op index, peer, sequence number, bytes, group members bit mask, start time
 BOARD_FORMAT = struct.Struct("<BBhIQQd")
@@ -188,7 +198,7 @@ class Instrument:
             self._board,
             self._offset,
             state,
-            OPS.index(op) if op in OPS else 0,
+            _OP_INDEX.get(op, 0),
             -1 if peer is None else int(peer),
             self.seq,
             int(nbytes or 0),
@@ -199,9 +209,16 @@ class Instrument:
     # -- install ----------------------------------------------------------------------
 
     def install(self) -> None:
+        """Put the wrappers in place (idempotent)."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
+        global _current
+        _current = self
+        if getattr(self, "_installed", None):
+            for (owner, name), wrapped in self._installed.items():
+                setattr(owner, name, wrapped)
+            return
         for name in P2P_OPS + COLLECTIVE_OPS:
             original = getattr(c10d, name, None)
             if original is None:
@@ -210,6 +227,13 @@ class Instrument:
             self._set(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 self._set(dist, name, wrapped)
+        self._installed = {key: getattr(*key) for key in self._originals}
+
+    def uninstall(self) -> None:
+        """Put torch.distributed's own functions back (used to measure the wrappers' cost)."""
+        for (owner, name), original in self._originals.items():
+            if (owner, name) in getattr(self, "_installed", {}):
+                setattr(owner, name, original)
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
         self._originals.setdefault((owner, name), getattr(owner, name))

@@ -1,0 +1,109 @@
+"""What tracing and hang diagnosis cost: the reference ring all-reduce with and without them.
+
+Run: ``make bench-trace`` or ``.venv/bin/python bench/trace_bench.py [--size BYTES] [--repeats N] [--world-size P] [--json PATH]``
+
+Every rank wraps torch.distributed's calls so that a hang can be explained (a "board"
+entry per call) and, with ``trace=True``, records an event per call. This script times
+the instructor's reference ring all-reduce (autograder/reference.py) at 1 MB in three
+modes, switched inside the same ranks from one call to the next (in shuffled order), so
+that the machine's noise falls on all three alike:
+
+- ``bare``: torch.distributed's own functions, no wrappers
+- ``board``: the default, what learners get (diagnosis on, tracing off)
+- ``traced``: as with ``trace=True``, an event recorded per call
+
+It prints the median per-call time of each mode and the overhead against ``bare``, with
+PASS/FAIL against the target: both overheads under 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "autograder"))
+
+import helpers  # noqa: E402
+from helpers import launch  # noqa: E402
+
+MODES = ("bare", "board", "traced")
+
+
+def _time_modes(rank, world_size, nbytes, repeats, seed):
+    import random
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from reference import ring_allreduce
+
+    from helpers._instrument import current
+
+    inst = current()
+    order = random.Random(seed)
+    t = torch.ones(nbytes // 4)
+    times = {m: [] for m in MODES}
+    for i in range(repeats + 1):
+        modes = list(MODES)
+        order.shuffle(modes)  # same seed on every rank: all ranks switch together
+        for mode in modes:
+            inst.install()
+            inst.tracing = False
+            dist.barrier()
+            if mode == "bare":
+                inst.uninstall()
+            inst.tracing = mode == "traced"
+            start = time.perf_counter()
+            ring_allreduce(t)
+            elapsed = time.perf_counter() - start
+            inst.install()
+            inst.tracing = False
+            inst.take_events()
+            slowest = torch.tensor([elapsed], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if i:  # the first round warms the connections up
+                times[mode].append(slowest.item())
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1 << 20, help="tensor size in bytes (default 1 MB)")
+    parser.add_argument("--repeats", type=int, default=200, help="calls per mode")
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--json", help="write the numbers to this file")
+    args = parser.parse_args()
+
+    result = launch(_time_modes, args.world_size, (args.size, args.repeats, 1234), output="quiet", timeout=600)
+    samples = result[0]
+    medians = {m: statistics.median(v) for m, v in samples.items()}
+    overhead = {m: medians[m] / medians["bare"] - 1 for m in ("board", "traced")}
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    print(f"Machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
+          f"torch {helpers.machine_info()['torch']}")
+    print(f"Reference ring all-reduce, {args.size} bytes, {args.world_size} ranks, "
+          f"{len(samples['bare'])} timed calls per mode (modes interleaved)\n")
+    print(f"{'mode':<8} {'median ms':>10} {'p25 ms':>8} {'p75 ms':>8} {'overhead':>9}")
+    for m in MODES:
+        q = statistics.quantiles(samples[m], n=4)
+        extra = f"{overhead[m] * 100:>8.1f}%" if m in overhead else f"{'-':>9}"
+        print(f"{m:<8} {medians[m] * 1e3:>10.3f} {q[0] * 1e3:>8.3f} {q[2] * 1e3:>8.3f} {extra}")
+    ok = all(o < 0.10 for o in overhead.values())
+    print(f"\n{'PASS' if ok else 'FAIL'}: diagnosis and tracing overhead under 10% at {args.size} bytes "
+          f"(board {overhead['board'] * 100:+.1f}%, traced {overhead['traced'] * 100:+.1f}%)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"size": args.size, "world_size": args.world_size, "medians": medians,
+                       "overhead": overhead, "samples": samples}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

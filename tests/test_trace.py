@@ -1,0 +1,220 @@
+"""Tracing, pictures and deadlock diagnosis, on real gloo ranks."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from helpers import Cluster, LaunchTimeoutError, launch, perf  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "autograder"))
+from reference import ring_allreduce  # noqa: E402
+
+
+def token_ring(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    token = torch.zeros(4)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    if rank == 0:
+        dist.send(token + 1, right)
+        dist.recv(token, left)
+    else:
+        dist.recv(token, left)
+        dist.send(token + 1, right)
+    return token[0].item()
+
+
+def reference_ring(rank, world_size, n):
+    import torch
+
+    t = torch.arange(float(n)) + rank
+    ring_allreduce(t)
+    return t
+
+
+def test_token_ring_counts_each_message_once():
+    """Does a token passed round a 4-rank ring give one 16-byte message per link, and nothing else?"""
+    result = launch(token_ring, 4, trace=True, output="quiet")
+    trace = result.trace
+    assert result == [4.0, 1.0, 2.0, 3.0]
+    summary = trace.summary()
+    for r in range(4):
+        assert summary[r]["sent_messages"] == 1 and summary[r]["sent_bytes"] == 16
+        assert summary[r]["recv_messages"] == 1 and summary[r]["recv_bytes"] == 16
+    expected = [[16 if j == (i + 1) % 4 else 0 for j in range(4)] for i in range(4)]
+    assert trace.link_matrix() == expected
+    assert trace.op_totals() == {"recv": {"calls": 4, "bytes": 64}, "send": {"calls": 4, "bytes": 64}}
+    pairs = trace.matched_messages()
+    assert len(pairs) == 4 and all(recv is not None and recv.rank == send.peer for send, recv in pairs)
+    for event in trace.events:
+        assert event.dtype == "float32" and event.shape == (4,) and event.end >= event.start >= 0
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_chunked_ring_counts_are_bandwidth_optimal(world_size):
+    """Does a chunked ring on n=10 (not divisible) show 2(p-1) messages per rank and 2(p-1)n elements in all?"""
+    n = 10
+    result = launch(reference_ring, world_size, (n,), trace=True, output="quiet")
+    total = sum(range(world_size)) + world_size * __import__("torch").arange(float(n))
+    assert all(bool((t == total).all()) for t in result)
+    summary = result.trace.summary()
+    bound = 2 * (world_size - 1) * math.ceil(n / world_size) * 4
+    for r in range(world_size):
+        assert summary[r]["sent_messages"] == 2 * (world_size - 1)
+        assert summary[r]["sent_bytes"] <= bound
+    assert sum(s["sent_bytes"] for s in summary.values()) == 2 * (world_size - 1) * n * 4
+    # Every byte goes to the right-hand neighbour.
+    matrix = result.trace.link_matrix()
+    for i in range(world_size):
+        for j in range(world_size):
+            assert (matrix[i][j] > 0) == (j == (i + 1) % world_size)
+
+
+def _collectives(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(3) * rank
+    dist.broadcast(t, src=1)
+    parts = [torch.zeros(3) for _ in range(world_size)]
+    dist.all_gather(parts, torch.ones(3) * rank)
+    return t.tolist()
+
+
+def test_broadcast_and_all_gather_are_recorded_as_collectives():
+    """Are broadcast and all_gather one record per rank with their sizes, and kept out of the link matrix?"""
+    result = launch(_collectives, 3, trace=True, output="quiet")
+    trace = result.trace
+    assert result == [[1.0] * 3] * 3
+    totals = trace.op_totals()
+    assert totals["broadcast"] == {"calls": 3, "bytes": 36}
+    assert totals["all_gather"] == {"calls": 3, "bytes": 36}
+    assert trace.link_matrix() == [[0] * 3] * 3
+    assert "point-to-point" in trace.link_note
+    broadcasts = [e for e in trace.events if e.op == "broadcast"]
+    assert {e.peer for e in broadcasts} == {1}
+
+
+def _batched(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    out, inc = torch.ones(5) * rank, torch.zeros(5)
+    ops = [dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, inc, left)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    req = dist.isend(out, right)
+    dist.recv(inc, left)
+    req.wait()
+    return inc[0].item()
+
+
+def test_batch_operations_are_separate_records_and_waits_are_timed():
+    """Is each op inside batch_isend_irecv its own isend/irecv record, and is the wait of an isend recorded?"""
+    result = launch(_batched, 3, trace=True, output="quiet")
+    trace = result.trace
+    assert result == [2.0, 0.0, 1.0]
+    batch = [e for e in trace.events if e.batch]
+    assert sorted(e.op for e in batch) == ["irecv"] * 3 + ["isend"] * 3
+    assert all(e.waited is not None and e.waited >= e.end for e in batch)
+    lone = [e for e in trace.events if e.op == "isend" and not e.batch]
+    assert len(lone) == 3 and all(e.async_op and e.waited is not None for e in lone)
+    assert "batch_isend_irecv" not in trace.op_totals()
+
+
+def _receive_first(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    dist.recv(t, src=(rank + 1) % world_size)
+    dist.send(t, dst=(rank - 1) % world_size)
+
+
+def _skip_collective(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    if rank == 2:
+        dist.recv(t, src=3)
+    else:
+        dist.all_reduce(t)
+
+
+def test_receive_first_deadlock_reports_the_cycle():
+    """With tracing off, does a receive-first deadlock name each rank's recv, its peer, and the cycle?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_receive_first, 3, timeout=2, output="quiet")
+    err = info.value
+    for r in range(3):
+        assert f"recv(src={(r + 1) % 3})" in err.waiting[r]
+        assert "dist.recv(t, src=(rank + 1) % world_size)" in err.waiting[r]
+    assert "Wait-for cycle" in str(err)
+    assert "every rank is receiving before anyone sends" in str(err)
+
+
+def test_skipped_collective_names_the_missing_rank():
+    """Is a rank that never reached all_reduce named, with the call it is in instead?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_skip_collective, 4, timeout=2, output="quiet")
+    message = str(info.value)
+    assert "rank 2 never reached all_reduce; it is in recv(src=3)" in message
+    assert "rank 0 waits in all_reduce" in message
+
+
+def test_cluster_run_and_exec_can_trace():
+    """Do Cluster.run(trace=True) and Cluster.exec(trace=True) give the same kind of trace as launch?"""
+    with Cluster(2, output="quiet", view="text") as cluster:
+        values = cluster.run(token_ring, trace=True)
+        assert values == [2.0, 1.0]
+        assert values.trace.summary()[0]["sent_messages"] == 1
+        result = cluster.exec("x = torch.ones(2); dist.all_reduce(x); x.sum().item()", trace=True)
+        assert result == [4.0, 4.0]
+        assert result.trace.op_totals() == {"all_reduce": {"calls": 2, "bytes": 16}}
+
+
+def test_pictures_from_a_real_trace():
+    """Does each picture build headless, with one lane per rank, one arrow per message and one cell per link?"""
+    trace = launch(reference_ring, 3, (12,), trace=True, output="quiet").trace
+    timeline = trace.plot_timeline()
+    ax = timeline.axes[0]
+    assert len(ax.get_yticks()) == 3
+    assert timeline.n_arrows == len(trace.matched_messages()) == 12
+    assert ax.get_title() and ax.get_xlabel() and ax.get_legend() is not None
+    links = trace.plot_links()
+    assert len(links.axes[0].texts) == 9
+    steps = trace.ring_steps()
+    assert len(steps) == 4 and [s["phase"] for s in steps] == ["reduce-scatter"] * 2 + ["all-gather"] * 2
+    assert not steps[0]["assumed_chunks"]  # chunk ids read from the views' offsets
+    assert steps[-1]["holdings"] == [[3, 3, 3]] * 3
+    grid = trace.plot_ring_steps(interactive=False)
+    panels = [a for a in grid.axes if a.get_title()]
+    assert len([a for a in panels if a.get_title().startswith("step")]) == 4
+    widget = trace.plot_ring_steps(interactive=True)
+    slider = widget.children[0]
+    assert slider.max == 3
+
+
+def test_pingpong_fit_and_alpha_beta_picture():
+    """Does a small ping-pong give a positive alpha and beta, and the model plot draw measured and model lines?"""
+    pp = perf.pingpong(sizes=[1 << 10, 1 << 16, 1 << 20], repeats=2)
+    fit = pp.fit()
+    assert fit.alpha >= 0 and fit.beta > 0
+    sweep = perf.time_allreduce(None, sizes=[1 << 10, 1 << 16], world_size=2, repeats=2)
+    assert len(sweep.seconds) == 2 and all(s > 0 for s in sweep.seconds)
+    fig = sweep.plot_alpha_beta(fit)
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 2 and ax.get_xlabel() and ax.get_legend() is not None
+    assert len(pp.plot(fit).axes[0].get_lines()) == 2
+    assert perf.ring_model(1000, 4, 1e-5, 1e-9) == pytest.approx(6e-5 + 1.5e-6)
