@@ -20,7 +20,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test bench clean-venv
+.PHONY: venv lab test bench bench-cluster bench-trace bench-grading course grade instructor clean-venv
 
 venv: $(STAMP)
 
@@ -58,6 +58,31 @@ test: venv
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py
+
+# Round trip of one request to running ranks: an empty %%distributed cell, Cluster.run.
+bench-cluster: venv
+	$(VENV_PY) bench/cluster_bench.py
+
+# What tracing and hang diagnosis cost on the reference ring all-reduce at 1 MB.
+bench-trace: venv
+	$(VENV_PY) bench/trace_bench.py
+
+# Seconds to autograde one learner's submission of each lesson.
+bench-grading: venv
+	$(VENV_PY) bench/grading_bench.py
+
+# Instructor: regenerate the learner notebooks in course/ from solutions/.
+course: venv
+	$(VENV_PY) -m autograder build
+
+# Instructor: autograde a folder of <student>/<lesson>/<lesson>.ipynb, with feedback and CSV.
+grade: venv
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
+	$(VENV_PY) -m autograder grade $(SUBMISSIONS)
+
+# Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
+instructor: venv
+	$(VENV)/bin/jupyter lab $(LAB_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

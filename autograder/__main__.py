@@ -2,6 +2,8 @@
 
   build [LESSON..] regenerate course/ from solutions/ (same as `make course`)
   check            fail if course/ is out of date with solutions/
+  grade FOLDER     autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER, write
+                   feedback to autograder/feedback/ and grades to autograder/grades.csv
 """
 
 import sys
@@ -15,6 +17,10 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] in ("build", "check"):
         return course_main(argv[:1] if argv[0] == "check" else argv[1:])
+    if argv[0] == "grade":
+        from .grade import main as grade_main
+
+        return grade_main(argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}")
     return 2
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 __all__ = ["ROOT", "tool_env", "lessons", "build", "stale_lessons", "strip_outputs"]
 
-ROOT = Path(__file__).resolve().parent.parent
+# The course root: the folder holding nbgrader_config.py, solutions/ and course/. The
+# repository by default; COURSE_ROOT points the tools at a copy (the grading tests do).
+ROOT = Path(os.environ.get("COURSE_ROOT") or Path(__file__).resolve().parent.parent).resolve()
 
 
 def tool_env() -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""The nccl path: runs only where CUDA GPUs are present, and says why it skips elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import Cluster, launch, machine_info
+
+GPUS = machine_info().get("cuda_count", 0)
+needs_two = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs for 2 nccl ranks; this machine has {GPUS}")
+needs_one = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU; this machine has none")
+
+
+def _cuda_allreduce(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1024, device="cuda") * (rank + 1)
+    dist.all_reduce(t)
+    return {"device": torch.cuda.current_device(), "backend": dist.get_backend(), "value": t[0].item(), "tensor": t}
+
+
+@pytest.mark.gpu
+@needs_two
+def test_auto_picks_nccl_with_one_gpu_per_rank():
+    """With 2 GPUs, does backend='auto' run 2 ranks on nccl, rank r on GPU r, and bring tensors back on the CPU?"""
+    result = launch(_cuda_allreduce, 2, output="quiet")
+    assert result.backend == "nccl"
+    assert [r["device"] for r in result] == [0, 1]
+    assert all(r["backend"] == "nccl" and r["value"] == 3.0 for r in result)
+    assert all(r["tensor"].device.type == "cpu" for r in result)
+
+
+@pytest.mark.gpu
+@needs_one
+def test_cuda_in_the_kernel_does_not_break_ranks():
+    """After the notebook itself initialised CUDA, do ranks still start (they are not forks of it)?"""
+    torch.zeros(1, device="cuda")  # CUDA is now initialised in this process
+    result = launch(lambda rank, ws: torch.cuda.is_available() and torch.zeros(1, device="cuda").item(), 1, output="quiet")
+    assert result == [0.0]
+
+
+@pytest.mark.gpu
+@needs_two
+def test_persistent_ranks_on_nccl():
+    """Do persistent ranks run on nccl with CUDA tensors kept on each rank's GPU between requests?"""
+    with Cluster(2, output="quiet", view="text") as cluster:
+        cluster.exec("x = torch.ones(4, device='cuda') * (rank + 1); dist.all_reduce(x)")
+        assert [v.tolist() for v in cluster.pull("x")] == [[3.0] * 4] * 2
+        assert cluster.exec("x.device.index") == [0, 1]
