@@ -1,0 +1,73 @@
+"""A throw-away copy of the course for trying the grading workflow (tests and benchmarks).
+
+``course_copy(folder)`` copies nbgrader_config.py, solutions/ and course/ into ``folder``;
+with ``COURSE_ROOT=folder`` the instructor commands (``python -m autograder ...``) then
+work there, leaving the repository's gradebook and work folders alone.
+``submission_from_release(...)`` makes a learner's notebook from a released one, with
+chosen exercise cells filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .course import ROOT, tool_env
+
+__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source"]
+
+
+def course_copy(folder: Path, lessons: list[str] | None = None) -> Path:
+    """Copy the course's nbgrader setup into ``folder``; returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / "nbgrader_config.py", folder / "nbgrader_config.py")
+    for part in ("solutions", "course"):
+        for lesson_dir in sorted((ROOT / part).iterdir()):
+            if lesson_dir.is_dir() and (lessons is None or lesson_dir.name in lessons):
+                shutil.copytree(lesson_dir, folder / part / lesson_dir.name, dirs_exist_ok=True)
+    (folder / "autograder").mkdir(exist_ok=True)
+    return folder
+
+
+def solution_source(lesson: str, grade_id: str) -> str:
+    """The instructor's source of one exercise cell (markup lines removed)."""
+    nb = json.loads((ROOT / "solutions" / lesson / f"{lesson}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            src = "".join(cell["source"])
+            return "\n".join(line for line in src.splitlines() if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line)
+    raise KeyError(f"{lesson} has no cell with grade_id {grade_id!r}")
+
+
+def submission(release: Path, target: Path, answers: dict[str, str] | None = None, drop: tuple[str, ...] = (), edit: dict[str, str] | None = None) -> Path:
+    """Write a learner's notebook: ``answers`` fill exercise cells (by grade_id), ``drop``
+    deletes cells, ``edit`` overwrites other cells (say, a learner tampering with a test)."""
+    nb = json.loads(release.read_text())
+    cells = []
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in drop:
+            continue
+        if answers and gid in answers:
+            cell["source"] = answers[gid]
+        elif edit and gid in edit:
+            cell["source"] = edit[gid]
+        cells.append(cell)
+    nb["cells"] = cells
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(nb, indent=1))
+    return target
+
+
+def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """``python -m autograder ARGS`` with ``COURSE_ROOT=root``."""
+    env = tool_env()
+    env["COURSE_ROOT"] = str(root)
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", *args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
