@@ -95,6 +95,7 @@ class _Server:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.ranks: dict[int, tuple[int, int]] = {}  # pid -> (group id, rank)
+        self.scratch: dict[int, str] = {}  # group id -> its rendezvous folder
         self.probe_pid: int | None = None
 
     def serve(self) -> None:
@@ -210,6 +211,8 @@ class _Server:
             pids.append(pid)
         for fd in fds:
             os.close(fd)
+        if message["common"].get("store_dir"):
+            self.scratch[gid] = message["common"]["store_dir"]
         _send(self.sock, {"ev": "spawned", "gid": gid, "pids": pids})
 
     def _signal(self, message: dict) -> None:
@@ -252,6 +255,17 @@ class _Server:
                 gid, rank = self.ranks.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
                 _send(self.sock, {"ev": "exit", "gid": gid, "rank": rank, "pid": pid, "code": code})
+                if not any(g == gid for g, _ in self.ranks.values()):
+                    self._remove_scratch(gid)
+
+    def _remove_scratch(self, gid: int) -> None:
+        """The group's last rank is gone: remove its rendezvous folder (the notebook
+        normally has already; this covers a notebook that died first)."""
+        import shutil
+
+        path = self.scratch.pop(gid, None)
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _shutdown(self) -> None:
         for pid in list(self.ranks):
@@ -269,6 +283,8 @@ class _Server:
             except ChildProcessError:
                 break
             self.ranks.pop(pid, None)
+        for gid in list(self.scratch):
+            self._remove_scratch(gid)
 
 
 def serve(fd: int) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
+import tempfile
 import select
 import signal
 import socket
@@ -109,6 +111,7 @@ class RankGroup:
         self.forbid_reason = forbid_reason
         self.board = None
         self.board_fd = None
+        self.store_dir: str | None = None
         self.ranks = [RankState(r) for r in range(world_size)]
         self.events: list[dict] = []
         self.factory_dead: str | None = None
@@ -123,7 +126,7 @@ class RankGroup:
         """Fork the ranks. Returns at once; they initialise while we go on."""
         world, nnodes = self.world_size, self.nnodes
         local_world = world // nnodes
-        master_port = free_port() if not self.init else 0
+        master_port = free_port()
         env = dict(os.environ)
         env.update(
             {
@@ -153,6 +156,10 @@ class RankGroup:
             "threads": max(1, cpus // local_world) if nnodes == 1 else max(1, cpus // world),
             "sources": kernel_sources(),
         }
+        if self.init:  # the rendezvous store: a file in a folder of this group's own
+            self.store_dir = tempfile.mkdtemp(prefix="helpers-rdzv-")
+            common["store_path"] = os.path.join(self.store_dir, "store")
+            common["store_dir"] = self.store_dir  # the factory removes it if we cannot
         if self.forbid:
             common["forbid"] = list(self.forbid)
             common["forbid_reason"] = self.forbid_reason
@@ -284,10 +291,7 @@ class RankGroup:
 
     def _on_reply(self, state: RankState, message: dict) -> None:
         kind = message["ev"]
-        if kind == "port":  # rank 0 hosts the store; tell the others where it listens
-            for other in self.ranks[1:]:
-                self.send(other.rank, {"op": "port", "port": message["port"]})
-        elif kind == "ready":
+        if kind == "ready":
             state.state = "idle"
             state.main_thread = message["main_thread"]
         else:
@@ -528,4 +532,7 @@ class RankGroup:
             self.board.close()
             os.close(self.board_fd)
             self.board = None
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+            self.store_dir = None
         self._closed = True

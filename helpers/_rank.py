@@ -105,7 +105,6 @@ class _Rank:
         self.common = common
         self.fd = dict(zip(FD_NAMES, fds))
         self.namespace: dict[str, Any] = {}
-        self.early: list[dict] = []  # requests that arrived before the rendezvous port
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -149,23 +148,12 @@ class _Rank:
 
         spec, common = self.spec, self.common
         rank, world = spec["rank"], common["world_size"]
-        host = common["master_addr"]
         timeout = timedelta(seconds=common["pg_timeout"])
-        if rank == 0:
-            store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
-            port = store.port
-            self.send({"ev": "port", "port": port})
-        else:
-            while True:  # requests may already be queued ahead of the port
-                message = _wire.read_frame(self.fd["cmd"])
-                if message is None:
-                    raise SystemExit(0)
-                if message.get("op") == "port":
-                    break
-                self.early.append(message)
-            port = message["port"]
-            store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
-        os.environ["MASTER_PORT"] = str(port)
+        # A FileStore in a folder of this launch's own: no port to pick or collide on.
+        # (A TCPStore on a fresh port works as well, but in some sandboxes a loopback
+        # connect now and then stalls for 5 s; a file never does.)
+        store = dist.FileStore(common["store_path"], world)
+        store.set_timeout(timeout)
         kwargs: dict[str, Any] = {}
         if common["backend"] == "nccl":
             device = torch.device("cuda", spec["device"])
@@ -198,8 +186,6 @@ class _Rank:
         _wire.write_frame(self.fd["reply"], message)
 
     def recv(self) -> Any:
-        if self.early:
-            return self.early.pop(0)
         return _wire.read_frame(self.fd["cmd"])
 
     # -- requests ---------------------------------------------------------------------
