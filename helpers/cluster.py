@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -34,12 +35,19 @@ from .backend import Choice, resolve_backend
 from .errors import LaunchError, signal_name
 from .launcher import serialize, serialize_call, validate_world
 from .output import OutputRouter, OutputSpec
+from .trace import Trace
 from .view import RankOutputView, choose_view
 
-__all__ = ["Cluster", "ClusterError"]
+__all__ = ["Cluster", "ClusterError", "Results"]
 
 _AFTER_FAILURE = 2.0  # seconds the other ranks get to finish after one failed
 _INTERRUPT_WAIT = 1.5
+
+
+class Results(list):
+    """Per-rank values of one request, in the order of the ranks asked; ``.trace`` when traced."""
+
+    trace: Trace | None = None
 
 
 class ClusterError(LaunchError):
@@ -83,8 +91,11 @@ class Cluster:
 
     # -- life cycle -------------------------------------------------------------------
 
-    def start(self) -> "Cluster":
-        """Start the ranks and wait until every one has its process group ready."""
+    def start(self, *, announce: bool = True) -> "Cluster":
+        """Start the ranks and wait until every one has its process group ready.
+
+        With ``announce`` (the default) one line says how many ranks started on what.
+        """
         if self._group is not None:
             return self
         factory = get_factory()
@@ -110,10 +121,11 @@ class Cluster:
             group.stop()
             group.close()
             raise
-        router.note(
-            f"Started {self.world_size} rank{'s' if self.world_size > 1 else ''} on "
-            f"{self.choice.describe(self.world_size)} in {time.perf_counter() - started:.2f} s."
-        )
+        if announce:
+            router.note(
+                f"Started {self.world_size} rank{'s' if self.world_size > 1 else ''} on "
+                f"{self.choice.describe(self.world_size)} in {time.perf_counter() - started:.2f} s."
+            )
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -138,7 +150,11 @@ class Cluster:
         """Stop every rank (their variables are lost)."""
         group, self._group = self._group, None
         if group is not None:
-            group.close(grace=2.0)
+            group.poll(0)
+            # A busy rank (say, blocked in a recv nobody answers) would read the end of its
+            # command pipe only after its request: waiting for it to exit is pointless.
+            busy = any(s.state == "busy" for s in group.ranks)
+            group.close(grace=0.0 if busy else 2.0)
 
     stop = shutdown
 
@@ -190,17 +206,25 @@ class Cluster:
         *args: Any,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
+        trace: bool = False,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> Results:
         """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank (or ``ranks``).
 
-        Returns the results in the order of ``ranks`` (by default, index = rank).
+        Returns the results in the order of ``ranks`` (by default, index = rank); with
+        ``trace=True`` the list's ``.trace`` holds every torch.distributed call made.
         """
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
         payload = serialize_call(fn, args, kwargs)
-        replies = self._request({"op": "call", "payload": payload}, ranks, timeout)
-        return [pickle.loads(m["data"]) for m in replies]
+        replies = self._request({"op": "call", "payload": payload, "trace": trace}, ranks, timeout)
+        return self._results([pickle.loads(m["data"]) for m in replies], replies, trace)
+
+    def _results(self, values: list[Any], replies: list[dict], trace: bool) -> Results:
+        out = Results(values)
+        if trace:
+            out.trace = Trace.from_replies(self.world_size, {m["rank"]: m.get("trace", []) for m in replies})
+        return out
 
     def exec(
         self,
@@ -210,24 +234,27 @@ class Cluster:
         *,
         filename: str | None = None,
         display: bool = False,
-    ) -> list[Any]:
+        trace: bool = False,
+    ) -> Results:
         """Run Python source on every rank (or ``ranks``), each in its own namespace.
 
         The namespace starts with ``rank``, ``world_size``, ``local_rank``, ``torch`` and
         ``dist``, and keeps every variable between calls. Returns each rank's value of
         the last expression (None when the source ends in a statement); with
-        ``display=True`` those values are also printed, labelled by rank.
+        ``display=True`` those values are also printed, labelled by rank. With
+        ``trace=True`` the list's ``.trace`` holds every torch.distributed call made.
         """
         if not isinstance(source, str):
             raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
         filename = filename or _cache_source(source)
-        replies = self._request({"op": "exec", "source": source, "filename": filename}, ranks, timeout)
+        request = {"op": "exec", "source": source, "filename": filename, "trace": trace}
+        replies = self._request(request, ranks, timeout)
         values = []
         for m in replies:
             if display and m.get("repr") is not None:
                 self._last_router.note(f"[rank {m['rank']}] Out: {m['repr']}")
             values.append(pickle.loads(m["data"]) if m.get("data") is not None else m.get("repr"))
-        return values
+        return self._results(values, replies, trace)
 
     def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
         """Set variables in the ranks' namespaces.
@@ -282,7 +309,7 @@ class Cluster:
         view = self.view if self.view != "auto" else choose_view()
         if view == "widgets" and self.output == "live":
             self._view = RankOutputView(self.world_size, ranks)
-            router = OutputRouter(self._view.write, max_lines=self.max_lines)
+            router = _ViewRouter(self._view.write, max_lines=self.max_lines)
         else:
             router = OutputRouter(self.output, max_lines=self.max_lines)
         self._last_router = router
@@ -319,6 +346,9 @@ class Cluster:
                 )
         group.router.flush()
         group.router = self._router(targets)
+        # Where each rank's diagnostics stream stands now: a failure report shows only what
+        # the rank wrote during this request, not a stack dumped for an earlier cell.
+        marks = {r: len(group.ranks[r].diag) for r in targets}
         try:
             outcome = group.request(message, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
         except KeyboardInterrupt:
@@ -327,7 +357,7 @@ class Cluster:
         finally:
             group.router.flush()
         if outcome.pending or outcome.failures:
-            self._raise(outcome, message["op"], timeout)
+            self._raise(outcome, message["op"], timeout, marks)
         return [outcome.replies[r] | {"rank": r} for r in targets]
 
     def _interrupt(self, busy: list[int], announce: bool = True) -> list[int]:
@@ -352,7 +382,7 @@ class Cluster:
             )
         return stuck
 
-    def _raise(self, outcome: Outcome, what: str, timeout: float) -> None:
+    def _raise(self, outcome: Outcome, what: str, timeout: float, marks: dict[int, int]) -> None:
         group = self._group
         done = sorted(outcome.replies)
         if outcome.failures:
@@ -362,7 +392,8 @@ class Cluster:
             if outcome.pending:
                 dumps = group.dump_stacks(outcome.pending)
                 stuck = self._interrupt(outcome.pending, announce=False)
-            error = rank_failure(cause, self.world_size, [], bytes(group.ranks[cause["rank"]].diag).decode("utf-8", "replace"))
+            diag = group.ranks[cause["rank"]].diag[marks.get(cause["rank"], 0):]
+            error = rank_failure(cause, self.world_size, [], bytes(diag).decode("utf-8", "replace"))
             extra = []
             if done:
                 extra.append(f"Rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished this request.")
@@ -380,6 +411,7 @@ class Cluster:
             error.message += "\n\n" + " ".join(extra)
             error.args = (error.message,)
             raise error
+        board = group.read_board()
         dumps = group.dump_stacks(outcome.pending)
         stuck = self._interrupt(outcome.pending, announce=False)
         recovery = (
@@ -397,7 +429,21 @@ class Cluster:
             timeout,
             what="The cell" if what == "exec" else "The call",
             recovery=recovery,
+            board=board,
         )
+
+
+class _ViewRouter(OutputRouter):
+    """Rank output goes to the widget view; our own lines (the ranks started, each rank's
+    ``Out:`` value, a rank that did not stop) stay plain text under the cell. A plain
+    router with a callable sink would drop them."""
+
+    def note(self, text: str) -> None:
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _cache_source(source: str) -> str:

@@ -2,8 +2,9 @@
 
 - ``%dist_start [-n N] [--backend auto|gloo|nccl] [--nnodes K] [--timeout S] [--view auto|widgets|text]``
   starts N background ranks (default 2) with the default process group ready.
-- ``%%distributed [--ranks 0,2] [--timeout S]`` runs the cell on every rank (or the listed
-  ones). Each rank has its own variables, kept between cells, starting with ``rank``,
+- ``%%distributed [--ranks 0,2] [--timeout S] [--trace]`` runs the cell on every rank (or
+  the listed ones); ``--trace`` stores a :class:`~helpers.trace.Trace` of the cell's
+  torch.distributed calls in the notebook variable ``dist_trace``. Each rank has its own variables, kept between cells, starting with ``rank``,
   ``world_size``, ``local_rank``, ``torch`` and ``dist``. If the cell ends with an
   expression, each rank's value is shown as ``[rank N] Out: ...``.
 - ``%dist_status`` shows each rank's state (idle, busy, dead); ``%dist_stop`` stops the
@@ -106,6 +107,7 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @argument("--ranks", default=None, help="comma-separated ranks to run on, e.g. 0,2")
     @argument("--timeout", type=float, default=None, help="seconds this cell may run")
+    @argument("--trace", action="store_true", help="record every torch.distributed call into dist_trace")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run this cell on every rank (or --ranks 0,2), each in its own namespace."""
@@ -114,8 +116,13 @@ class DistributedMagics(Magics):
         ranks = _parse_ranks(args.ranks)
         if _cluster is None or not _cluster.running:
             print(f"No ranks were running: starting {DEFAULT_WORLD_SIZE} (use %dist_start -n N for another size).")
-            _cluster = Cluster(DEFAULT_WORLD_SIZE)
-        _cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True)
+            # That line is the whole notice: no second "Started ..." line.
+            _cluster = Cluster(DEFAULT_WORLD_SIZE, start=False).start(announce=False)
+        result = _cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True, trace=args.trace)
+        if args.trace:
+            self.shell.user_ns["dist_trace"] = result.trace
+            print(f"Traced {len(result.trace)} calls into dist_trace "
+                  "(try dist_trace.plot_timeline() or print(dist_trace.table())).")
 
 
 def load_ipython_extension(ipython) -> None:
