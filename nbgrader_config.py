@@ -33,7 +33,6 @@ c.ClearOutput.enabled = True
 # own timeouts), changed read-only and test cells are restored from the gradebook.
 c.Execute.timeout = 90
 c.Execute.interrupt_on_timeout = True
-c.Execute.allow_errors = True
 c.Execute.raise_on_iopub_timeout = False
 c.OverwriteCells.enabled = True
 c.CheckCellMetadata.enabled = True
@@ -44,8 +43,16 @@ c.ClearSolutions.code_stub = {
 }
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# A learner who deletes a graded cell gets it back (and graded) instead of losing it.
-c.OverwriteCells.add_missing_cells = True
+# A learner who deletes a graded or read-only cell gets it back, where it was, and graded
+# (autograder/preprocessors.py); OverwriteCells then restores edited read-only cells.
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "autograder.preprocessors.RestoreMissingCells",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 
 # A flood of output from a learner's cell is cut, not stored in the feedback.
 c.LimitOutput.max_lines = 200

@@ -82,7 +82,7 @@ def check_hello(fn: Any) -> None:
 
 def self_check(fn: Any) -> None:
     """The visible check: 3 ranks. Prints what passed; raises GradingFailure on failure."""
-    _check(fn, "self-check", (3,), timeout=15.0)
+    _check(fn, "self-check", (3,), timeout=10.0)
     print(
         "Self-check passed: on 3 ranks, hello returned 'rank 0 of 3', 'rank 1 of 3' and "
         "'rank 2 of 3'. The hidden test also tries 1, 2 and 5 ranks."

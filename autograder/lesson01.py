@@ -152,7 +152,7 @@ def self_check_rank_report(fn: Any, nnodes: int = 1) -> None:
     """The visible check of Exercise 1.1: 4 ranks on ``nnodes`` (1 or 2) simulated hosts."""
     if nnodes not in (1, 2):
         raise ValueError("self_check_rank_report runs 4 ranks on nnodes=1 or nnodes=2")
-    _check_report(fn, "self-check", [(4, nnodes)], timeout=15.0)
+    _check_report(fn, "self-check", [(4, nnodes)], timeout=10.0)
     layout = "one host" if nnodes == 1 else "2 hosts of 2"
     more = "1 rank alone" if nnodes == 1 else "3 hosts of 2 and 4 hosts of 1"
     print(f"Self-check passed: the right ints on 4 ranks on {layout}. The hidden test also tries {more}.")
@@ -227,6 +227,6 @@ def check_share_run_id(fn: Any) -> None:
 
 def self_check_share_run_id(fn: Any) -> None:
     """The visible check of Exercise 1.2: 3 ranks and a TCPStore, rank 0 late."""
-    _check_share(fn, "self-check", [(3, "tcp", 0.2)], timeout=15.0)
+    _check_share(fn, "self-check", [(3, "tcp", 0.2)], timeout=10.0)
     print("Self-check passed: on 3 ranks every rank returned rank 0's run id, though rank 0 "
           "published it 0.2 s late. The hidden test also tries 2 and 4 ranks and a FileStore.")

@@ -27,3 +27,53 @@ class NameExerciseStubs(NbGraderPreprocessor):
                 name = m.group(1).strip().replace('"', "'")
                 cell.source = cell.source.replace(_DEFAULT, f'raise NotImplementedError("{name}")')
         return cell, resources
+
+
+class RestoreMissingCells(NbGraderPreprocessor):
+    """Put back graded and read-only cells a learner deleted, where they were.
+
+    The reference is the released notebook (course/<lesson>/<lesson>.ipynb under the
+    course root). Every nbgrader cell of the release that is missing from the submission
+    is inserted after the closest earlier cell that is still there; nbgrader's
+    OverwriteCells, which runs next, then restores the content of every read-only cell.
+    (nbgrader's own ``add_missing_cells`` fails when the cell before a deleted test cell
+    is a read-only cell rather than an answer or test cell.)
+    """
+
+    def preprocess(self, nb, resources):
+        import json
+        from pathlib import Path
+
+        import nbformat
+
+        from .course import ROOT
+
+        assignment = resources["nbgrader"]["assignment"]
+        notebook = resources["nbgrader"]["notebook"]
+        release = Path(ROOT) / "course" / assignment / f"{notebook}.ipynb"
+        if not release.is_file():
+            self.log.warning("No released notebook at %s: deleted cells cannot be restored", release)
+            return nb, resources
+        released = nbformat.reads(json.dumps(json.loads(release.read_text())), as_version=4)
+
+        def gid(cell):
+            return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+        present = {gid(c) for c in nb.cells if gid(c)}
+        anchor = -1  # index in the submission after which a restored cell goes
+        restored = []
+        for cell in released.cells:
+            name = gid(cell)
+            if name is None:
+                continue
+            if name in present:
+                anchor = next(i for i, c in enumerate(nb.cells) if gid(c) == name)
+                continue
+            meta = cell.metadata.nbgrader
+            if meta.get("grade") or meta.get("locked") or meta.get("solution"):
+                nb.cells.insert(anchor + 1, cell)
+                anchor += 1
+                restored.append(name)
+        if restored:
+            self.log.warning("Restored deleted cells: %s", ", ".join(restored))
+        return nb, resources

@@ -69,7 +69,7 @@ def _probe() -> dict:
     import torch.distributed as dist
 
     info: dict[str, Any] = {
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: unpickling must not import torch here
         "cuda_build": torch.version.cuda,
         "cuda_count": 0,
         "gpus": [],

@@ -235,8 +235,6 @@ class RankGroup:
 
     def poll(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` seconds for anything, and handle all that arrived."""
-        if self.events:
-            timeout = 0
         ms = None if timeout is None else max(0, int(timeout * 1000))
         ready = self._poller.poll(ms)
         # Output first: what a rank printed before it replied must appear before the reply.
@@ -361,11 +359,14 @@ class RankGroup:
                 deadline = min(deadline, failed_at + after_failure)
             if self.factory_dead:
                 raise FactoryError(self.factory_dead)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self.poll(min(remaining, 0.25))
-            for event in self.take_events():
+            events = self.take_events()  # what arrived while we were doing something else
+            if not events:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.poll(min(remaining, 0.25))
+                events = self.take_events()
+            for event in events:
                 r = event["rank"]
                 if event["ev"] == "exit":
                     self.drain(r)

@@ -5,12 +5,26 @@ from __future__ import annotations
 from . import diagnose
 from .errors import LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
 
-__all__ = ["rank_failure", "hang_report", "earliest"]
+__all__ = ["rank_failure", "hang_report", "earliest", "in_distributed_call"]
 
 
 def earliest(failures: list[dict]) -> dict:
-    """The root cause is the first failure in time; later ones are usually its echoes."""
-    return min(failures, key=lambda f: (f.get("time", float("inf")), f["rank"]))
+    """The root cause: a rank that died, else the first failure in time.
+
+    Later failures are usually echoes of the first. A death is the exception: its peers'
+    collectives fail at once ("Connection reset by peer") and their errors can reach us
+    before the factory reports the death, so a rank that died without an error of its own
+    comes first.
+    """
+    raised = {f["rank"] for f in failures if f["ev"] == "error"}
+    deaths = [f for f in failures if f["ev"] == "exit" and f["rank"] not in raised]
+    return min(deaths or failures, key=lambda f: (f.get("time", float("inf")), f["rank"]))
+
+
+def in_distributed_call(failure: dict) -> bool:
+    """Whether an error was raised inside torch.distributed (maybe because a peer died)."""
+    frames = failure.get("error", {}).get("frames") or []
+    return failure["ev"] == "error" and bool(frames) and diagnose.is_distributed(frames[-1]["filename"])
 
 
 def _others(stopped: list[int]) -> str:

@@ -33,7 +33,7 @@ from ._group import Outcome, RankGroup
 from ._report import earliest, hang_report, rank_failure
 from .backend import Choice, resolve_backend
 from .errors import LaunchError, signal_name
-from .launcher import serialize, serialize_call, validate_world
+from .launcher import default_timeout, serialize, serialize_call, validate_world
 from .output import OutputRouter, OutputSpec
 from .trace import Trace
 from .view import RankOutputView, choose_view
@@ -58,7 +58,7 @@ class Cluster:
     """``world_size`` background ranks that run code on request and keep their state.
 
     Parameters are those of :func:`helpers.launch`; ``timeout`` is the default for each
-    request. ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
+    request (60 s, or 10 s while nbgrader grades). ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
     """
 
     def __init__(
@@ -67,12 +67,13 @@ class Cluster:
         *,
         backend: str = "auto",
         nnodes: int = 1,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         output: OutputSpec = "live",
         max_lines: int = 1000,
         view: str = "auto",
         start: bool = True,
     ) -> None:
+        timeout = default_timeout() if timeout is None else timeout
         validate_world(world_size, nnodes, timeout)
         if view not in ("auto", "widgets", "text"):
             raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")

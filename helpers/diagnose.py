@@ -83,12 +83,27 @@ def _is_distributed(filename: str) -> bool:
     return f"{os.sep}torch{os.sep}distributed{os.sep}" in filename
 
 
+is_distributed = _is_distributed
+
+
+# What a rank does in _rank.py before it calls the learner's function.
+_SETUP_STEPS = ("setup_process", "init_process_group")
+
+
+def _is_bootstrap(frame: dict[str, Any], frames: list[dict[str, Any]]) -> bool:
+    # The factory runs as `python -c "...serve(fd)"`: every rank's outermost frame is that
+    # "<string>" module, which is ours, not the learner's.
+    return frame is frames[-1] and frame["filename"] == "<string>"
+
+
 def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """Where a rank is blocked: the torch.distributed call and the learner's frame.
 
     Returns a dict with ``call`` (name of the outermost torch.distributed function on the
-    stack, or None), ``user`` (the innermost frame outside torch and this package, or None)
-    and ``idle`` (True when the rank was waiting for the notebook, not running code).
+    stack, or None), ``user`` (the innermost frame outside torch and this package, or None),
+    ``starting`` (True when the rank was still setting up, before calling any of the
+    learner's code) and ``idle`` (True when the rank was waiting for the notebook, not
+    running code).
     """
     call = None
     user = None
@@ -98,14 +113,18 @@ def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
             name = frame["name"]
             if not name.startswith("_") and name not in ("wrapper", "inner", "<lambda>"):
                 call = name  # keep the outermost public torch.distributed function
-        elif user is None and not _is_torch(filename) and not _is_ours(filename):
+        elif user is None and not _is_torch(filename) and not _is_ours(filename) and not _is_bootstrap(frame, frames):
             user = frame
             break
-    idle = user is None and bool(frames) and _is_ours(frames[0]["filename"]) and frames[0]["name"] in (
-        "_read_exact",
-        "read_frame",
+    starting = user is None and any(_is_ours(f["filename"]) and f["name"] in _SETUP_STEPS for f in frames)
+    idle = (
+        not starting
+        and user is None
+        and bool(frames)
+        and _is_ours(frames[0]["filename"])
+        and frames[0]["name"] in ("_read_exact", "read_frame")
     )
-    return {"call": call, "user": user, "idle": idle}
+    return {"call": call, "user": user, "starting": starting, "idle": idle}
 
 
 def frame_label(frame: dict[str, Any]) -> str:
@@ -138,6 +157,12 @@ def summarize(rank: int, frames: list[dict[str, Any]]) -> str:
     if user is not None:
         code = source_line(user)
         at = f" at {frame_label(user)}" + (f": {code}" if code else "")
+    if where["starting"]:
+        inside = f", in torch.distributed.{where['call']}()" if where["call"] else ""
+        return (
+            f"rank {rank} was still starting: it had not finished joining the process group{inside}, "
+            "so your function never ran there"
+        )
     if where["call"]:
         return f"rank {rank} waits in torch.distributed.{where['call']}(){at}"
     if where["idle"]:
@@ -229,7 +254,7 @@ def explain_hang(
     for r in busy:
         rec = board[r] if r < len(board) else None
         stack = frames.get(r, [])
-        where = describe_wait(stack) if stack else {"user": None, "call": None, "idle": False}
+        where = describe_wait(stack) if stack else {"user": None, "call": None, "starting": False, "idle": False}
         user = where["user"]
         at = ""
         if user is not None:

@@ -89,9 +89,10 @@ class LaunchError(RuntimeError):
 
 
 def _rebuild(cls, message, state):
-    err = cls.__new__(cls)
-    LaunchError.__init__(err, message, **state)
-    return err
+    # Call the class, as when the error was raised, rather than cls.__new__(cls): for
+    # LaunchTimeoutError that attribute is RuntimeError.__new__, which refuses to build a
+    # TimeoutError (an OSError) subclass, so unpickling it failed.
+    return cls(message, **state)
 
 
 class RankFailedError(LaunchError):

@@ -76,10 +76,14 @@ class OutputRouter:
                 self._partial[(r, stream)] = bytearray()
                 self._line(r, stream, buf.decode("utf-8", "backslashreplace"))
 
-    def note(self, text: str) -> None:
-        """A line of our own (not from a rank), shown the same way as rank output."""
+    def note(self, text: str) -> bool:
+        """A line of our own (not from a rank), shown the same way as rank output.
+
+        Returns whether it was shown (not with ``"quiet"`` or a sink function)."""
         if self.output in ("live", "stderr"):
             _write(sys.stdout, text + "\n")
+            return True
+        return False
 
     def text(self, rank: int) -> str:
         """The output a rank produced (its last 64 KiB), both streams interleaved."""

@@ -1,0 +1,59 @@
+"""Smoke test for bench/launch_bench.py: it runs and writes well-formed JSON.
+
+This checks only that the benchmark works, never how fast anything is: timing targets are
+judged by running the benchmark itself (``make bench``), not by a timed test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "launch_bench.py"
+
+
+def _positive_stats(entry: dict, n_expected: int) -> None:
+    assert set(entry) >= {"median", "min", "max", "n", "samples"}
+    assert entry["n"] == n_expected == len(entry["samples"])
+    for key in ("median", "min", "max"):
+        assert isinstance(entry[key], float) and entry[key] > 0, (key, entry)
+    assert all(s > 0 for s in entry["samples"])
+    assert entry["min"] <= entry["median"] <= entry["max"]
+
+
+def test_bench_runs_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--repeats", "2", "--cold-repeats", "1", "--no-baselines",
+         "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RESULT:" in proc.stdout
+
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert set(data) >= {"machine", "settings", "results", "targets", "passed"}
+    assert set(data["machine"]) >= {"cpu_model", "cores", "python", "torch"}
+    assert data["machine"]["cores"] > 0
+
+    results = data["results"]
+    assert set(results) >= {"cold", "warm", "spawn", "torchrun", "ratio_spawn_over_warm"}
+    assert results["spawn"] is None and results["torchrun"] is None  # --no-baselines
+    for n in ("2", "4"):
+        cold = results["cold"][n]
+        _positive_stats(cold["launch_s"], 1)
+        _positive_stats(cold["process_s"], 1)
+        assert isinstance(cold["torch_imported_before_launch"], bool)
+        assert isinstance(cold["torch_imported_after_launch"], bool)
+        _positive_stats(results["warm"][n], 2)
+
+    names = [t["name"] for t in data["targets"]]
+    assert any("warm" in name for name in names) and any("cold" in name for name in names)
+    for target in data["targets"]:
+        assert target["passed"] in (True, False, None)

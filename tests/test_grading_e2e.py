@@ -1,0 +1,178 @@
+"""The instructor workflow end to end, with the real nbgrader: release, submit, autograde, feedback, export.
+
+A temporary copy of the course (COURSE_ROOT) receives six learners' versions of lesson 04
+and is graded with `python -m autograder grade`, the command the README gives instructors.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission
+
+LESSON = "04-ring-all-reduce"
+ROOT = Path(__file__).resolve().parent.parent
+
+WHOLE_TENSOR_RING = '''def ring_allreduce(tensor):
+    # The tutorial's ring: pass the whole running sum round p-1 times.
+    rank, p = dist.get_rank(), dist.get_world_size()
+    total, outgoing, incoming = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for _ in range(p - 1):
+        request = dist.isend(outgoing, (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+        request.wait()
+        total += incoming
+        outgoing = incoming.clone()
+    tensor.copy_(total)
+'''
+
+CALLS_ALL_REDUCE = '''def ring_allreduce(tensor):
+    dist.all_reduce(tensor)
+'''
+
+RECEIVE_FIRST = '''def ring_allreduce(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    for _ in range(p - 1):
+        dist.recv(incoming, (rank - 1) % p)   # everybody waits, nobody sends
+        dist.send(tensor, (rank + 1) % p)
+        tensor += incoming
+'''
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def _ids(path: Path) -> tuple[str, dict[str, str]]:
+    """The exercise cell's grade_id, and each graded test cell's id -> its part name."""
+    exercise, parts = None, {}
+    for cell in _cells(path):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        src = "".join(cell["source"])
+        if meta.get("solution") and "def ring_allreduce" in src:
+            exercise = meta["grade_id"]
+        if meta.get("grade") and meta.get("points"):
+            for part in ("correct", "point_to_point", "bandwidth", "no_hang"):
+                if f'part="{part}"' in src or f"part='{part}'" in src:
+                    parts[meta["grade_id"]] = part
+    return exercise, parts
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grading")
+    root = course_copy(tmp / "course", lessons=[LESSON])
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    solution_nb = ROOT / "solutions" / LESSON / f"{LESSON}.ipynb"
+    exercise, parts = _ids(solution_nb)
+    assert exercise and len(parts) == 4, (exercise, parts)
+    test_ids = list(parts)
+    subs = tmp / "submissions"
+    target = lambda who: subs / who / LESSON / f"{LESSON}.ipynb"  # noqa: E731
+    solution = solution_source(LESSON, exercise)
+    submission(release, target("alice"), {exercise: solution})
+    submission(release, target("bob"), {exercise: WHOLE_TENSOR_RING})
+    submission(release, target("carol"), {exercise: CALLS_ALL_REDUCE})
+    submission(release, target("dave"), {exercise: RECEIVE_FIRST})
+    submission(release, target("erin"))  # the stubs, untouched
+    # frank: a correct answer, but deletes one test cell and rewrites another to pass trivially.
+    submission(release, target("frank"), {exercise: solution}, drop=(test_ids[0],), edit={test_ids[1]: "pass"})
+    done = run_instructor_command(root, "grade", str(subs))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root, exercise, parts, done.stdout
+
+
+def _part_scores(root: Path, student: str, parts: dict[str, str]) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        nb = gb.find_submission_notebook(LESSON, LESSON, student)
+        return {parts[g.name]: g.score for g in nb.grades if g.name in parts}
+
+
+def _feedback(root: Path, student: str) -> str:
+    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
+
+
+FULL = {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1}
+
+
+def _points(root: Path, parts: dict[str, str]) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        nb = gb.find_notebook(LESSON, LESSON)
+        return {parts[c.name]: c.max_score for c in nb.grade_cells if c.name in parts}
+
+
+def test_instructor_solution_scores_full_marks(graded):
+    """Does the instructor's own ring all-reduce, submitted as a learner's, earn every point?"""
+    root, _, parts, _ = graded
+    points = _points(root, parts)
+    assert _part_scores(root, "alice", parts) == points
+
+
+def test_whole_tensor_ring_loses_only_bandwidth(graded):
+    """Does the tutorial's whole-tensor ring pass correctness, point-to-point and no-hang, and fail bandwidth with a reason?"""
+    root, _, parts, _ = graded
+    points = _points(root, parts)
+    scores = _part_scores(root, "bob", parts)
+    assert scores == {**points, "bandwidth": 0}
+    feedback = _feedback(root, "bob")
+    assert "bandwidth" in feedback and "2(p-1)" in feedback and "rank" in feedback
+
+
+def test_ring_that_calls_all_reduce_loses_point_to_point_and_bandwidth(graded):
+    """Is a 'ring' that calls dist.all_reduce caught: correct, but 0 for point-to-point and bandwidth?"""
+    root, _, parts, _ = graded
+    points = _points(root, parts)
+    scores = _part_scores(root, "carol", parts)
+    assert scores == {**points, "point_to_point": 0, "bandwidth": 0}
+    assert "disabled" in _feedback(root, "carol")
+
+
+def test_receive_first_deadlock_scores_zero_without_hanging(graded):
+    """Does a receive-first deadlock score 0 on every part, with feedback naming the wait?"""
+    root, _, parts, out = graded
+    assert set(_part_scores(root, "dave", parts).values()) == {0}
+    feedback = _feedback(root, "dave")
+    assert "did not finish" in feedback and "recv" in feedback
+    assert "autograded dave/" in out
+
+
+def test_untouched_stubs_score_zero(graded):
+    """Does the learner notebook as released score 0 on every graded part?"""
+    root, _, parts, _ = graded
+    assert set(_part_scores(root, "erin", parts).values()) == {0}
+    assert "NotImplementedError" in _feedback(root, "erin")
+
+
+def test_deleted_and_edited_test_cells_are_restored(graded):
+    """Are a deleted test cell put back and an edited one restored, so a tampering learner is graded normally?"""
+    root, _, parts, _ = graded
+    points = _points(root, parts)
+    assert _part_scores(root, "frank", parts) == points
+
+
+def test_grades_csv_lists_every_learner(graded):
+    """Does the exported CSV hold one row per learner with the right total?"""
+    root, _, parts, _ = graded
+    rows = {r["student_id"]: r for r in csv.DictReader((root / "autograder" / "grades.csv").open())}
+    assert set(rows) >= {"alice", "bob", "carol", "dave", "erin", "frank"}
+    total = sum(_points(root, parts).values())
+    assert float(rows["alice"]["score"]) == pytest.approx(total + _other_points(root, parts))
+    assert float(rows["erin"]["score"]) == 0
+
+
+def _other_points(root: Path, parts: dict[str, str]) -> float:
+    """Points of graded cells outside the four ring parts that the solution also earns."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        nb = gb.find_submission_notebook(LESSON, LESSON, "alice")
+        return sum(g.score for g in nb.grades if g.name not in parts)

@@ -1,0 +1,586 @@
+"""Tests of ``helpers.launch`` run in this process: results, environment, failures, hangs, output.
+
+Every worker function is defined inside its test, so it travels to the ranks by value
+(cloudpickle), the way a notebook-defined function does. After each test no process may
+remain under the rank factory (the ``no_leftover_ranks`` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import helpers
+from conftest import children_of, is_gone, proc_state, rank_children, wait_until
+from helpers import BackendUnavailableError, LaunchError, LaunchResult, LaunchTimeoutError, RankFailedError
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+def launch(fn, world_size, *args, **kwargs):
+    """``helpers.launch`` on gloo unless the test says otherwise: the workers use CPU tensors,
+    and backend="auto" would pick nccl on a machine with enough GPUs."""
+    kwargs.setdefault("backend", "gloo")
+    return helpers.launch(fn, world_size, *args, **kwargs)
+
+THIS_FILE = Path(__file__).resolve()
+
+
+def line_of(marker: str) -> int:
+    """The line number in this file of the (single) line that ends with the comment ``marker``."""
+    hits = [i for i, line in enumerate(THIS_FILE.read_text().splitlines(), 1) if line.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, f"marker {marker!r} found on lines {hits}"
+    return hits[0]
+
+
+@pytest.fixture
+def spawned(factory, monkeypatch):
+    """Record (and refuse) every request to the factory to start ranks during the test."""
+    calls: list = []
+
+    def spawn(self, *args, **kwargs):
+        calls.append(args)
+        raise AssertionError("ranks were started for a launch that cannot work")
+
+    monkeypatch.setattr(type(factory), "spawn", spawn)
+    return calls
+
+
+# --------------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_all_reduce_results_come_back_in_rank_order(world_size):
+    """Does an all_reduce on 1, 2 and 4 ranks return every rank's value, as CPU tensors, in rank order, with args and kwargs passed?"""
+
+    def work(rank, ws, scale, *, offset=0.0):
+        t = torch.tensor([rank + 1.0]) * scale + offset
+        dist.all_reduce(t)
+        return rank, ws, t
+
+    result = launch(work, world_size, args=(2.0,), kwargs={"offset": 1.0}, output="quiet")
+
+    expected = sum((r + 1.0) * 2.0 + 1.0 for r in range(world_size))
+    assert isinstance(result, LaunchResult) and isinstance(result, list)
+    assert len(result) == world_size
+    assert [r for r, _, _ in result] == list(range(world_size))
+    assert all(ws == world_size for _, ws, _ in result)
+    for _, _, t in result:
+        assert isinstance(t, torch.Tensor) and t.device.type == "cpu"
+        assert t.tolist() == [expected]
+    assert result.backend == "gloo"
+    assert 0 < result.seconds < 30
+    assert sorted(result.output) == list(range(world_size))
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_environment_matches_torchrun_with_simulated_hosts(init):
+    """With nnodes=2 and world_size=4, does every rank see torchrun's variables with the right values?"""
+
+    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
+
+    def work(rank, ws):
+        import os
+
+        return {name: os.environ.get(name) for name in names}
+
+    envs = launch(work, 4, nnodes=2, init=init, output="quiet")
+
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == str(rank)
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert env["GROUP_RANK"] == str(rank // 2)
+        assert env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] in ("127.0.0.1", "localhost")
+    ports = {env["MASTER_PORT"] for env in envs}
+    assert len(ports) == 1, f"ranks disagree on MASTER_PORT: {ports}"
+    port = ports.pop()
+    assert port is not None and port.isdigit() and 0 < int(port) < 65536
+
+
+def test_init_false_lets_fn_create_its_own_group():
+    """With init=False, can fn call init_process_group(init_method='env://') itself and all_reduce?"""
+
+    def work(rank, ws):
+        was = dist.is_initialized()
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=ws)
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return was, t.item()
+
+    assert launch(work, 3, init=False, output="quiet") == [(False, 6.0)] * 3
+
+
+def test_init_true_has_the_group_ready():
+    """With init=True, is the default process group initialised, with the right rank and size, when fn starts?"""
+
+    def work(rank, ws):
+        return dist.is_initialized(), dist.get_rank(), dist.get_world_size(), dist.get_backend()
+
+    assert launch(work, 2, output="quiet") == [(True, 0, 2, "gloo"), (True, 1, 2, "gloo")]
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_raising_rank_is_named_and_the_others_stop_within_2s():
+    """Does a rank that raises get named with its exception and line, and are the blocked others stopped within 2 s?"""
+
+    def work(rank, ws):
+        if rank == 1:
+            time.sleep(0.3)  # the others are blocked by now
+            print(f"raising at {time.time()!r}", flush=True)
+            raise ValueError("bad shape on rank 1")  # RAISE-HERE
+        if rank == 0:
+            dist.barrier()
+        else:
+            dist.recv(torch.zeros(1), src=1)
+        return rank
+
+    # Time from the raise, not from the start: the start includes forking and the rendezvous,
+    # which a loaded machine can slow down (and a TCPStore rendezvous could stall for 5 s).
+    raised_at = []
+
+    def sink(rank, stream, line):
+        if line.startswith("raising at "):
+            raised_at.append(float(line.split()[-1]))
+
+    with pytest.raises(RankFailedError) as info:
+        launch(work, 4, output=sink)
+    elapsed = time.time() - raised_at[0]
+
+    err = info.value
+    assert err.rank == 1 and err.world_size == 4
+    assert err.exc_type == "ValueError"
+    assert err.exc_message == "bad shape on rank 1"
+    assert isinstance(err.original, ValueError)
+    assert err.exitcode is None
+    assert sorted(err.stopped) == [0, 2, 3]
+    line = line_of("RAISE-HERE")
+    for text in (err.rank_traceback, str(err)):
+        assert 'raise ValueError("bad shape on rank 1")' in text
+        assert f"line {line}" in text
+    assert "rank 1 of 4 raised ValueError: bad shape on rank 1" in str(err)
+    assert elapsed < 2.0, f"the launch took {elapsed:.2f} s after the raise to stop the blocked ranks"
+    assert rank_children() == []
+    copy = pickle.loads(pickle.dumps(err))  # errors travel, e.g. from grading subprocesses
+    assert isinstance(copy, RankFailedError) and (copy.rank, copy.exc_type, str(copy)) == (1, "ValueError", str(err))
+
+
+@pytest.mark.parametrize(
+    "how, exitcode, exc_type, phrase",
+    [
+        ("os_exit", 3, None, "exited with code 3"),
+        ("sigkill", -9, None, "SIGKILL"),
+        ("sys_exit", None, "SystemExit", "sys.exit(2)"),
+    ],
+)
+def test_rank_that_exits_or_dies_is_reported(how, exitcode, exc_type, phrase):
+    """Are os._exit(3), a SIGKILL and sys.exit(2) in a rank each reported with the rank and what ended it?"""
+
+    def work(rank, ws):
+        import os
+        import signal
+        import sys
+
+        if rank == 1:
+            if how == "os_exit":
+                os._exit(3)
+            elif how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                sys.exit(2)
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(work, 2, output="quiet")
+
+    err = info.value
+    assert err.rank == 1
+    assert err.exitcode == exitcode
+    assert err.exc_type == exc_type
+    assert phrase in str(err)
+    assert err.stopped == [0]
+
+
+def test_a_killed_rank_is_the_cause_not_its_peers_broken_collectives():
+    """When a rank is SIGKILLed while 3 peers wait in a barrier, is the killed rank named, not a peer whose barrier broke ('Connection closed by peer')?"""
+
+    def work(rank, ws):
+        import os
+        import signal
+
+        if rank == 1:
+            time.sleep(0.05)  # the peers are in the barrier by now
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    for attempt in range(6):  # the peers' errors race the report of the death
+        with pytest.raises(RankFailedError) as info:
+            launch(work, 4, output="quiet")
+        err = info.value
+        assert (err.rank, err.exitcode, sorted(err.stopped)) == (1, -9, [0, 2, 3]), f"attempt {attempt}: {err}"
+
+
+@pytest.mark.slow
+def test_deadlock_times_out_with_every_rank_stack():
+    """When every rank receives first, does the launch end soon after timeout with each rank's recv line and a deadlock diagnosis?"""
+
+    def ring(rank, ws):
+        t = torch.zeros(1)
+        dist.recv(t, src=(rank - 1) % ws)  # DEADLOCK-HERE
+        dist.send(t, dst=(rank + 1) % ws)
+
+    timeout = 3.0
+    line = line_of("DEADLOCK-HERE")
+    for _attempt in range(2):
+        started = time.monotonic()
+        with pytest.raises(LaunchTimeoutError) as info:
+            launch(ring, 3, timeout=timeout, output="quiet")
+        elapsed = time.monotonic() - started
+        err = info.value
+        # If the start is slow (a loaded machine; a TCPStore rendezvous could stall for 5 s),
+        # a rank may still be starting at the timeout; such an attempt says nothing about
+        # the diagnosis of the deadlock, so it gets one more try.
+        if all(f"line {line}" in summary for summary in err.waiting.values()):
+            break
+
+    assert elapsed < timeout + 3.0, f"took {elapsed:.1f} s for timeout={timeout}"
+    assert err.timeout == timeout
+    assert sorted(err.stacks) == [0, 1, 2]
+    assert sorted(err.waiting) == [0, 1, 2]
+    assert err.finished == []
+    for rank, summary in err.waiting.items():
+        assert "recv" in summary, summary
+        assert f"line {line}" in summary and "test_launch.py" in summary, summary
+        assert "dist.recv(t, src=(rank - 1) % ws)" in err.stacks[rank]
+    assert re.search(r"every (running )?rank is receiving", str(err), re.I), str(err)
+    copy = pickle.loads(pickle.dumps(err))
+    assert isinstance(copy, LaunchTimeoutError) and copy.waiting == err.waiting and str(copy) == str(err)
+    assert rank_children() == []
+
+
+def _fake_dump(*frames: tuple[str, int, str]) -> str:
+    """A faulthandler dump of one thread, innermost frame first."""
+    lines = ["Current thread 0x00007f0000000001 (most recent call first):"]
+    lines += [f'  File "{filename}", line {lineno} in {name}' for filename, lineno, name in frames]
+    return "\n".join(lines) + "\n"
+
+
+def test_hang_summary_of_a_rank_still_starting():
+    """Is a rank that hangs before reaching fn (in its rendezvous) described as still starting, not as 'running <string>' or 'idle'?"""
+    from helpers import _factory, _rank, _wire, diagnose
+
+    bottom = [
+        (_rank.__file__, 330, "main"),
+        (_factory.__file__, 202, "_spawn"),
+        (_factory.__file__, 118, "serve"),
+        ("<string>", 1, "<module>"),
+    ]
+    in_store = diagnose.parse_dump(_fake_dump((_rank.__file__, 160, "init_process_group"), *bottom))[0]["frames"]
+    waiting_port = diagnose.parse_dump(
+        _fake_dump((_wire.__file__, 50, "_read_exact"), (_wire.__file__, 58, "read_frame"),
+                   (_rank.__file__, 166, "init_process_group"), *bottom)
+    )[0]["frames"]
+    idle = diagnose.parse_dump(
+        _fake_dump((_wire.__file__, 50, "_read_exact"), (_wire.__file__, 58, "read_frame"),
+                   (_rank.__file__, 190, "recv"), (_rank.__file__, 210, "serve"), *bottom)
+    )[0]["frames"]
+
+    for frames in (in_store, waiting_port):
+        summary = diagnose.summarize(0, frames)
+        assert "still starting" in summary and "<string>" not in summary and "idle" not in summary, summary
+    assert "idle" in diagnose.summarize(0, idle)
+
+
+def test_unpicklable_return_value_is_named():
+    """Does a rank that returns something unpicklable (a generator) fail with a message saying what to return instead?"""
+
+    def work(rank, ws):
+        return (i for i in range(3))
+
+    with pytest.raises(RankFailedError) as info:
+        launch(work, 2, output="quiet")
+    assert "could not be sent back" in str(info.value) and "generator" in str(info.value)
+    assert "Return tensors" in str(info.value)
+
+
+def test_unpicklable_argument_fails_before_any_rank_starts(spawned):
+    """Does a function that captures a lock fail at once, naming the problem, without starting ranks?"""
+    lock = threading.Lock()
+
+    def work(rank, ws):
+        return lock.locked()
+
+    with pytest.raises(LaunchError) as info:
+        launch(work, 2, output="quiet")
+    assert "lock" in str(info.value) and "picklable" in str(info.value)
+    assert spawned == []
+
+
+def test_subprocesses_of_a_rank_die_with_it():
+    """Is a process a rank started (and left running) killed when the rank's launch ends?"""
+
+    def work(rank, ws):
+        import subprocess
+
+        return subprocess.Popen(["sleep", "60"]).pid
+
+    pids = launch(work, 2, output="quiet")
+    assert wait_until(lambda: all(is_gone(pid) for pid in pids), 2.0), {pid: proc_state(pid) for pid in pids}
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+@pytest.mark.slow
+def test_200_launches_back_to_back():
+    """Do 200 quick launches in a row all succeed, without 'address already in use' or leftover ranks?"""
+
+    def work(rank, ws):
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t)
+        return t.item()
+
+    for i in range(200):
+        assert launch(work, 2, output="quiet") == [3.0, 3.0], f"launch {i}"
+    assert rank_children() == []
+
+
+def test_two_launches_at_once_from_two_threads():
+    """Do two launches running at the same time from two threads each get their own right answers?"""
+
+    def work(rank, ws, scale):
+        t = torch.tensor([(rank + 1.0) * scale])
+        dist.all_reduce(t)
+        time.sleep(0.05)  # keep both groups alive at the same time
+        return t.item()
+
+    gate = threading.Barrier(2)
+    results: dict[str, list] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+
+    def run(name, world_size, scale):
+        try:
+            gate.wait()
+            for _ in range(5):
+                results[name].append(list(launch(work, world_size, args=(scale,), output="quiet")))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=("a", 2, 1.0)), threading.Thread(target=run, args=("b", 3, 10.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a launch thread hung"
+    assert errors == []
+    assert results["a"] == [[3.0, 3.0]] * 5
+    assert results["b"] == [[60.0, 60.0, 60.0]] * 5
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+def _noop(rank, ws):
+    return rank
+
+
+@pytest.mark.parametrize(
+    "call, error, fix",
+    [
+        (dict(world_size=0), ValueError, "launch(fn, 4)"),
+        (dict(world_size=-1), ValueError, "launch(fn, 4)"),
+        (dict(world_size=2.5), ValueError, "launch(fn, 4)"),
+        (dict(world_size="4"), ValueError, "launch(fn, 4)"),
+        (dict(fn=42, world_size=2), TypeError, "def work(rank, world_size)"),
+        (dict(world_size=4, nnodes=3), ValueError, "Pass nnodes as one of [1, 2, 4]"),
+        (dict(world_size=2, backend="bogus"), ValueError, "'gloo'"),
+        (dict(world_size="gpus+1", backend="nccl"), BackendUnavailableError, "backend='gloo'"),
+    ],
+    ids=["ws0", "ws-1", "ws2.5", "ws-str", "not-callable", "nnodes3", "bogus-backend", "nccl"],
+)
+def test_bad_arguments_fail_at_once_without_starting_ranks(factory, spawned, call, error, fix):
+    """Does a bad argument raise within 1 s, with a message naming what to pass, before any rank starts?"""
+    call = dict(call)
+    fn = call.pop("fn", _noop)
+    if call["world_size"] == "gpus+1":  # one rank more than this machine has GPUs
+        call["world_size"] = int(factory.info.get("cuda_count") or 0) + 1
+
+    started = time.monotonic()
+    with pytest.raises(error) as info:
+        launch(fn, **call)
+    elapsed = time.monotonic() - started
+
+    assert fix in str(info.value)
+    assert elapsed < 1.0
+    assert spawned == [], "a rank was started for a launch that cannot work"
+    assert rank_children() == []
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_worker_output_is_labelled_on_stdout_and_nothing_on_stderr(capfd):
+    """Do the ranks' prints, stderr writes, C-level writes and warnings all arrive labelled on stdout, with nothing on stderr?"""
+
+    def work(rank, ws):
+        import os
+        import sys
+        import warnings
+
+        print(f"hello from {rank}")
+        print(f"python stderr {rank}", file=sys.stderr)
+        os.write(2, f"c-level stderr {rank}\n".encode())
+        os.write(1, f"c-level stdout {rank}\n".encode())
+        warnings.warn(f"careful {rank}")
+        sys.stdout.write(f"no newline at the end {rank}")
+        return rank
+
+    result = launch(work, 2)
+    out, err = capfd.readouterr()
+
+    assert err == ""
+    for rank in range(2):
+        assert f"[rank {rank}] no newline at the end {rank}\n" in out
+        assert f"[rank {rank}] hello from {rank}\n" in out
+        assert f"[rank {rank}] c-level stdout {rank}\n" in out
+        assert f"[rank {rank}:err] python stderr {rank}\n" in out
+        assert f"[rank {rank}:err] c-level stderr {rank}\n" in out
+        warning = [line for line in out.splitlines() if f"careful {rank}" in line]
+        assert warning and all(line.startswith(f"[rank {rank}:err] ") for line in warning), out
+        assert "UserWarning" in warning[0]
+        assert f"hello from {rank}" in result.output[rank]
+
+
+def test_quiet_output_prints_nothing_but_keeps_the_text(capfd):
+    """With output='quiet', is nothing printed while .output still holds each rank's text?"""
+
+    def work(rank, ws):
+        import sys
+
+        print(f"quiet hello {rank}")
+        print(f"quiet complaint {rank}", file=sys.stderr)
+        return rank
+
+    result = launch(work, 2, output="quiet")
+    out, err = capfd.readouterr()
+
+    assert out == "" and err == ""
+    for rank in range(2):
+        assert f"quiet hello {rank}\n" in result.output[rank]
+        assert f"quiet complaint {rank}\n" in result.output[rank]
+
+
+def test_stderr_mode_and_sink_route_lines_by_stream(capfd):
+    """With output='stderr' do a rank's stderr lines go to stderr (and stdout lines to stdout), and does a sink get (rank, stream, line)?"""
+
+    def work(rank, ws):
+        import sys
+
+        print(f"to out {rank}")
+        print(f"to err {rank}", file=sys.stderr)
+
+    launch(work, 2, output="stderr")
+    out, err = capfd.readouterr()
+    for rank in range(2):
+        assert f"[rank {rank}] to out {rank}\n" in out and f"to err {rank}" not in out
+        assert f"[rank {rank}:err] to err {rank}\n" in err and f"to out {rank}" not in err
+
+    seen = []
+    launch(work, 2, output=lambda rank, stream, line: seen.append((rank, stream, line)))
+    out, err = capfd.readouterr()
+    assert "to out" not in out and err == ""
+    assert sorted(seen) == [(0, "stderr", "to err 0"), (0, "stdout", "to out 0"), (1, "stderr", "to err 1"), (1, "stdout", "to out 1")]
+
+
+def test_max_lines_truncates_with_one_notice(capfd):
+    """Does max_lines cap each rank's printed lines, with a single notice, while .output keeps them all?"""
+
+    def work(rank, ws):
+        for i in range(30):
+            print(f"line {i} of rank {rank}")
+
+    result = launch(work, 2, max_lines=5)
+    out, err = capfd.readouterr()
+
+    assert err == ""
+    for rank in range(2):
+        shown = [line for line in out.splitlines() if line.startswith(f"[rank {rank}] line ")]
+        assert shown == [f"[rank {rank}] line {i} of rank {rank}" for i in range(5)]
+        notices = [line for line in out.splitlines() if line.startswith(f"[rank {rank}]") and "more output than 5 lines" in line]
+        assert len(notices) == 1, out
+        assert result.output[rank].count("\n") == 30
+        assert f"line 29 of rank {rank}" in result.output[rank]
+
+
+# --------------------------------------------------------------------------- owner death
+
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    import helpers
+    from helpers._factory import get_factory
+
+    def sleeper(rank, world_size):
+        import time
+        time.sleep(60)
+
+    def children(pid):
+        kids = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        return kids
+
+    factory = get_factory()
+    threading.Thread(target=helpers.launch, args=(sleeper, 2), kwargs=dict(output="quiet", timeout=120), daemon=True).start()
+    deadline = time.monotonic() + 20
+    while len(children(factory.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(factory.pid, *children(factory.pid), flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.slow
+def test_factory_and_ranks_die_with_their_owner():
+    """When the process that owns the factory is SIGKILLed, are the factory and its ranks gone within 5 s?"""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=THIS_FILE.parents[1],
+    )
+    try:
+        ready, _, _ = select.select([owner.stdout], [], [], 60)
+        assert ready, "the owner process did not report its factory and ranks within 60 s"
+        line = owner.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 3, f"expected a factory and 2 ranks, got {line!r}; stderr: {owner.stderr.read() if owner.poll() is not None else ''}"
+        factory, ranks = pids[0], pids[1:]
+        assert sorted(children_of(factory)) == sorted(ranks)
+        assert all(proc_state(pid) in ("R", "S", "D") for pid in pids)
+    finally:
+        owner.send_signal(signal.SIGKILL)  # the one process this test started
+        owner.wait(10)
+        owner.stdout.close()
+        owner.stderr.close()
+
+    assert wait_until(lambda: all(is_gone(pid) for pid in pids), 5.0), {pid: proc_state(pid) for pid in pids}
