@@ -29,6 +29,7 @@ import random
 from typing import Any, Callable, Sequence
 
 from helpers import LaunchTimeoutError, RankFailedError, launch
+from helpers._instrument import COLLECTIVE_OPS
 from helpers.launcher import LaunchResult
 
 __all__ = [
@@ -40,20 +41,9 @@ __all__ = [
     "require_function",
 ]
 
-# Every built-in collective; disabled inside the ranks when an exercise builds its own.
-COLLECTIVES = (
-    "all_reduce",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_into_tensor",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-)
+# Every built-in collective (all but the barriers); disabled inside the ranks when an
+# exercise builds its own. The object collectives are in it too: they call the others.
+COLLECTIVES = tuple(op for op in COLLECTIVE_OPS if op not in ("barrier", "monitored_barrier"))
 _REASON = "this exercise asks you to build it from point-to-point calls (send, recv, isend, irecv)"
 
 
@@ -90,12 +80,20 @@ def run_ranks(
     args: Sequence[Any] = (),
     *,
     context: str = "",
-    timeout: float = 20.0,
+    timeout: float = 10.0,
     forbid: Sequence[str] = (),
     trace: bool = False,
+    nnodes: int = 1,
+    init: bool = True,
+    hints: dict[str, str] | None = None,
 ) -> LaunchResult:
-    """Run ``worker`` on fresh ranks; turn a crash or hang into learner feedback."""
-    where = f"on {world_size} rank{'s' if world_size != 1 else ''}" + (f", {context}" if context else "")
+    """Run ``worker`` on fresh ranks; turn a crash or hang into learner feedback.
+
+    ``nnodes`` simulates hosts, ``init=False`` leaves the process group to the worker,
+    and ``hints`` maps a rank's exception type name to a sentence added to the feedback.
+    """
+    hosts = f" on {nnodes} simulated hosts" if nnodes > 1 else ""
+    where = f"on {world_size} rank{'s' if world_size != 1 else ''}{hosts}" + (f", {context}" if context else "")
     try:
         return launch(
             worker,
@@ -107,6 +105,8 @@ def run_ranks(
             forbid_reason=_REASON,
             trace=trace,
             backend="gloo",
+            nnodes=nnodes,
+            init=init,
         )
     except LaunchTimeoutError as err:
         waits = "\n".join(f"  {line}" for line in err.waiting.values())
@@ -125,6 +125,7 @@ def run_ranks(
             if err.exc_type
             else err.exc_message
         )
+        hint = f"\n  {hints[err.exc_type]}" if hints and err.exc_type in hints else ""
         tb = err.rank_traceback.strip().splitlines()[-6:] if err.rank_traceback else []
         detail = ("\n" + "\n".join(tb)) if tb else ""
-        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{detail}") from None
+        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{hint}{detail}") from None

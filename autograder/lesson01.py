@@ -30,9 +30,8 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from helpers import LaunchTimeoutError, RankFailedError, launch
 
-from .harness import GradingFailure, require_function
+from .harness import GradingFailure, require_function, run_ranks
 
 __all__ = [
     "check_rank_report",
@@ -56,29 +55,17 @@ _ENV = {"rank": "RANK", "local_rank": "LOCAL_RANK", "group_rank": "GROUP_RANK",
 # -- running ranks ---------------------------------------------------------------------
 
 
+_STORE_HINT = {
+    "DistStoreError": "A store's get() or wait() gave up: the key it waited for was never set. "
+    "Does rank 0 set exactly the key the other ranks read?"
+}
+
+
 def _run(part: str, worker: Callable, world_size: int, args: Sequence[Any] = (), *, nnodes: int = 1,
          init: bool = True, timeout: float = 10.0, context: str = ""):
-    """Like ``harness.run_ranks``, plus simulated hosts and ``init=False``."""
-    hosts = f" on {nnodes} simulated hosts" if nnodes > 1 else ""
-    where = f"on {world_size} rank{'s' if world_size != 1 else ''}{hosts}" + (f", {context}" if context else "")
-    try:
-        return launch(worker, world_size, tuple(args), nnodes=nnodes, init=init, timeout=timeout,
-                      output="quiet", backend="gloo")
-    except LaunchTimeoutError as err:
-        waits = "\n".join(f"  {line}" for line in err.waiting.values())
-        raise GradingFailure(
-            f"{part}: your code did not finish within {timeout:g} s {where}; it was stopped.\n"
-            f"Where the ranks were waiting:\n{waits}"
-        ) from None
-    except RankFailedError as err:
-        what = f"raised {err.exc_type}: {err.exc_message}" if err.exc_type else err.exc_message
-        hint = ""
-        if err.exc_type == "DistStoreError":
-            hint = ("\n  A store's get() or wait() gave up: the key it waited for was never set. Does "
-                    "rank 0 set exactly the key the other ranks read?")
-        tb = err.rank_traceback.strip().splitlines()[-6:] if err.rank_traceback else []
-        detail = ("\n" + "\n".join(tb)) if tb else ""
-        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{hint}{detail}") from None
+    """``harness.run_ranks`` with the store hint this lesson's exercises need."""
+    return run_ranks(part, worker, world_size, args, nnodes=nnodes, init=init, timeout=timeout,
+                     context=context, hints=_STORE_HINT)
 
 
 def _stub_message(part: str, name: str, exercise: str, text: str) -> GradingFailure:

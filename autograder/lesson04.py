@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .harness import COLLECTIVES, GradingFailure, describe_values, fresh_seed, require_function, run_ranks
+from .harness import COLLECTIVES, GradingFailure, fresh_seed, require_function, run_ranks
 
 __all__ = ["check_ring_allreduce", "self_check", "CASES", "PARTS"]
 

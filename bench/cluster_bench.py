@@ -41,12 +41,12 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import queue
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from _common import loadavg, machine, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # use this checkout's helpers, however the venv installed it
@@ -66,14 +66,6 @@ def trivial(rank: int, world_size: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def stats(samples: list[float]) -> dict:
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "n": len(samples),
-        "samples": list(samples),
-    }
 
 
 def timed(fn, repeats: int, warmup: int) -> dict:
@@ -87,36 +79,8 @@ def timed(fn, repeats: int, warmup: int) -> dict:
     return stats(samples)
 
 
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        torch_version = version("torch")
-    except Exception:  # noqa: BLE001
-        torch_version = "unknown"
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count() or 1,
-        "python": platform.python_version(),
-        "torch": torch_version,
-        "platform": platform.platform(),
-    }
 
 
 def say(text: str = "") -> None:

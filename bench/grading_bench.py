@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import sys
 import tempfile
@@ -31,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _common import machine_line  # noqa: E402
 
 from autograder.course import lessons  # noqa: E402
 from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
@@ -104,10 +104,7 @@ def main() -> int:
                          "longest_cell": _longest_cell(graded) if graded.is_file() else None,
                          "score": scores.get((kind, lesson))})
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"Autograding one submission, real nbgrader; machine: {cpu}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}\n")
+    print(f"Autograding one submission, real nbgrader; machine: {machine_line()}\n")
     print(f"{'lesson':<24} {'submission':<10} {'seconds':>8} {'longest cell':>13} {'score':>12}")
     for row in rows:
         score = f"{row['score'][0]:g} / {row['score'][1]:g}" if row["score"] else "-"

@@ -41,16 +41,16 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import resource
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from _common import loadavg, machine, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD_SIZES = (2, 4)
@@ -160,21 +160,8 @@ def env_vars(**values: str):
                 os.environ[k] = v
 
 
-def stats(samples: list[float]) -> dict:
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "n": len(samples),
-        "samples": list(samples),
-    }
 
 
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 class CpuWatch:
@@ -226,35 +213,6 @@ class CpuWatch:
 NOISY_SHARE = 0.05  # other processes used more than 5% of the machine during a phase
 
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
-    try:
-        from importlib.metadata import version
-
-        torch_version = version("torch")
-    except Exception:  # noqa: BLE001
-        torch_version = "unknown"
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count() or 1,
-        "usable_cores": usable,
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-        "torch": torch_version,
-        "platform": platform.platform(),
-    }
 
 
 def say(text: str = "") -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 
@@ -29,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "autograder"))
 
-import helpers  # noqa: E402
+from _common import machine_line  # noqa: E402
+
 from helpers import launch  # noqa: E402
 
 MODES = ("bare", "board", "traced")
@@ -84,10 +84,7 @@ def main() -> int:
     samples = result[0]
     medians = {m: statistics.median(v) for m, v in samples.items()}
     overhead = {m: medians[m] / medians["bare"] - 1 for m in ("board", "traced")}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"Machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-          f"torch {helpers.machine_info()['torch']}")
+    print(f"Machine: {machine_line()}")
     print(f"Reference ring all-reduce, {args.size} bytes, {args.world_size} ranks, "
           f"{len(samples['bare'])} timed calls per mode (modes interleaved)\n")
     print(f"{'mode':<8} {'median ms':>10} {'p25 ms':>8} {'p75 ms':>8} {'overhead':>9}")

@@ -23,7 +23,6 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from . import _wire
 from ._factory import Factory, FactoryError

@@ -72,7 +72,7 @@ def resolve_backend(backend: str, world_size: int, info: dict[str, Any]) -> Choi
                 f"machine has {gpus} CUDA GPU{'s' if gpus != 1 else ''}. Pass world_size={gpus} "
                 "or fewer, or use backend='gloo' (CPU), or backend='auto' to pick for you."
                 if gpus
-                else f"backend='nccl' needs one GPU per rank, and this machine has no CUDA GPU. "
+                else "backend='nccl' needs one GPU per rank, and this machine has no CUDA GPU. "
                 "Use backend='gloo' (CPU) or backend='auto'."
             )
         return Choice("nccl", tuple(range(world_size)), "")

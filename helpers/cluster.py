@@ -307,6 +307,10 @@ class Cluster:
         return out
 
     def _router(self, ranks: list[int] | None = None) -> OutputRouter:
+        previous = getattr(self, "_view", None)
+        if previous is not None:
+            previous.close_if_unused()  # a request that printed nothing leaves no widgets behind
+            self._view = None
         view = self.view if self.view != "auto" else choose_view()
         if view == "widgets" and self.output == "live":
             self._view = RankOutputView(self.world_size, ranks)

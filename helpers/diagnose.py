@@ -137,9 +137,16 @@ def source_line(frame: dict[str, Any]) -> str:
 
 
 def format_stack(frames: list[dict[str, Any]]) -> str:
-    """A traceback-style rendering (outermost first) with source lines where known."""
+    """A traceback-style rendering (outermost first) with source lines where known.
+
+    The outer frames that belong to the launcher (the factory's start-up line and this
+    package's rank loop) are left out: the stack starts at the learner's code.
+    """
     lines = []
-    for frame in reversed(frames):
+    outer = list(reversed(frames))
+    while outer and (outer[0]["filename"] == "<string>" or _is_ours(outer[0]["filename"])):
+        outer.pop(0)
+    for frame in outer or list(reversed(frames)):
         lines.append(f"  {frame_label(frame)}")
         code = source_line(frame)
         if code:

@@ -30,10 +30,14 @@ DEFAULT_SIZES = tuple(1 << k for k in range(10, 27, 2))  # 1 KB ... 64 MB
 
 
 def _timeout(timeout: float | None) -> float:
-    """Three times launch's default: 180 s, or 30 s while nbgrader grades."""
+    """180 s for a sweep, or launch's grading default (10 s) while nbgrader grades."""
+    import os
+
     from .launcher import default_timeout
 
-    return 3 * default_timeout() if timeout is None else timeout
+    if timeout is not None:
+        return timeout
+    return default_timeout() if os.environ.get("NBGRADER_EXECUTION") else 180.0
 
 
 def ring_model(nbytes: float, world_size: int, alpha: float, beta: float) -> float:

@@ -271,8 +271,11 @@ class Trace:
     # -- pictures ---------------------------------------------------------------------
 
     def plot_timeline(self, ax: Any = None, arrows: bool = True, title: str | None = None):
-        """One lane per rank, a bar per call, an arrow per message from sender to receiver."""
-        import matplotlib.pyplot as plt
+        """One lane per rank, a bar per call, an arrow per message from sender to receiver.
+
+        Returns the matplotlib Figure; as a cell's last expression Jupyter shows it (end
+        the line with ``;`` and it is not shown). Pass ``ax`` to draw on your own axes.
+        """
         from matplotlib.patches import Patch
 
         fig, ax = _figure(ax, (10, 1.0 + 0.6 * self.world_size))
@@ -312,12 +315,10 @@ class Trace:
         ax.grid(axis="x", alpha=0.3)
         fig.tight_layout()
         fig.n_arrows = n_arrows
-        plt.close(fig)
-        return fig
+        return _done(fig)
 
     def plot_links(self, ax: Any = None, title: str | None = None):
         """Heatmap of bytes sent from each rank (rows) to each rank (columns)."""
-        import matplotlib.pyplot as plt
 
         m = self.link_matrix()
         fig, ax = _figure(ax, (1.6 + 0.9 * self.world_size, 1.2 + 0.8 * self.world_size))
@@ -333,8 +334,7 @@ class Trace:
         ax.set_title(title or "Bytes sent point-to-point")
         fig.colorbar(image, ax=ax, label="bytes")
         fig.tight_layout()
-        plt.close(fig)
-        return fig
+        return _done(fig)
 
     def plot_ring_steps(self, interactive: bool | None = None):
         """A ring all-reduce, step by step: which chunk each rank holds and sends.
@@ -428,12 +428,24 @@ def _itemsize(dtype: str | None) -> int:
 
 
 def _figure(ax: Any, size: tuple[float, float]):
+    """The figure and axes to draw on: the caller's, or a new pair."""
     import matplotlib.pyplot as plt
 
     if ax is not None:
         return ax.figure, ax
     fig, ax = plt.subplots(figsize=size)
+    fig._helpers_own = True  # ours to close once drawn (see _done)
     return fig, ax
+
+
+def _done(fig: Any) -> Any:
+    """Close a figure we created, so Jupyter shows it once (as the value the method
+    returns) rather than a second time at the end of the cell; leave the caller's alone."""
+    import matplotlib.pyplot as plt
+
+    if getattr(fig, "_helpers_own", False):
+        plt.close(fig)
+    return fig
 
 
 def _human(n: float) -> str:

@@ -78,3 +78,9 @@ class RankOutputView:
         target = self.per_rank.get(rank)
         if target is not None:
             target.append_stdout(line + "\n")
+
+    def close_if_unused(self) -> None:
+        """Free the widgets of a view that was never shown (its request printed nothing)."""
+        if not self._shown:
+            for widget in (*self.per_rank.values(), self.combined, self.tabs):
+                widget.close()

@@ -93,7 +93,6 @@ def test_environment_matches_torchrun_with_simulated_hosts(init):
     names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
 
     def work(rank, ws):
-        import os
 
         return {name: os.environ.get(name) for name in names}
 
@@ -193,7 +192,6 @@ def test_rank_that_exits_or_dies_is_reported(how, exitcode, exc_type, phrase):
     """Are os._exit(3), a SIGKILL and sys.exit(2) in a rank each reported with the rank and what ended it?"""
 
     def work(rank, ws):
-        import os
         import signal
         import sys
 
@@ -221,7 +219,6 @@ def test_a_killed_rank_is_the_cause_not_its_peers_broken_collectives():
     """When a rank is SIGKILLed while 3 peers wait in a barrier, is the killed rank named, not a peer whose barrier broke ('Connection closed by peer')?"""
 
     def work(rank, ws):
-        import os
         import signal
 
         if rank == 1:
@@ -439,7 +436,6 @@ def test_worker_output_is_labelled_on_stdout_and_nothing_on_stderr(capfd):
     """Do the ranks' prints, stderr writes, C-level writes and warnings all arrive labelled on stdout, with nothing on stderr?"""
 
     def work(rank, ws):
-        import os
         import sys
         import warnings
 

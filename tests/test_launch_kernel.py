@@ -8,7 +8,6 @@ that nothing outlives the kernel. The tests that keep the kernel usable share on
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 

@@ -8,7 +8,6 @@ test shuts the kernel down and checks that nothing of ours is left running.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
