@@ -39,6 +39,7 @@ __all__ = [
     "fresh_seed",
     "describe_values",
     "require_function",
+    "grade_part",
 ]
 
 # Every built-in collective (all but the barriers); disabled inside the ranks when an
@@ -61,6 +62,13 @@ def require_function(fn: Any, name: str, exercise: str) -> Callable:
     if not callable(fn):
         raise GradingFailure(f"{exercise}: define a function named `{name}` (found {type(fn).__name__}).")
     return fn
+
+
+def grade_part(part: str, checks: dict[str, Callable[[], None]]) -> None:
+    """Run the check of one graded part (each hidden test cell grades one part)."""
+    if part not in checks:
+        raise ValueError(f"unknown part {part!r}; use one of {tuple(checks)}")
+    checks[part]()
 
 
 def describe_values(values: Any, limit: int = 8) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .harness import COLLECTIVES, GradingFailure, require_function, run_ranks
+from .harness import COLLECTIVES, GradingFailure, grade_part, require_function, run_ranks
 
 __all__ = ["check_ring_sum", "self_check", "PARTS", "FORBIDDEN"]
 
@@ -100,14 +100,11 @@ def _check_no_hang(fn: Callable) -> None:
 def check_ring_sum(fn: Any, part: str) -> None:
     """Grade one part of the ring-sum exercise; raises GradingFailure with feedback."""
     fn = require_function(fn, "ring_sum", "Exercise 2.1")
-    if part == "correct":
-        _check_correct(fn, (1, 2, 3, 4, 5, 6), part)
-    elif part == "point_to_point":
-        _check_p2p(fn)
-    elif part == "no_hang":
-        _check_no_hang(fn)
-    else:
-        raise ValueError(f"unknown part {part!r}; use one of {PARTS}")
+    grade_part(part, {
+        "correct": lambda: _check_correct(fn, (1, 2, 3, 4, 5, 6), part),
+        "point_to_point": lambda: _check_p2p(fn),
+        "no_hang": lambda: _check_no_hang(fn),
+    })
 
 
 def self_check(fn: Any) -> None:

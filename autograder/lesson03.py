@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .harness import COLLECTIVES, GradingFailure, fresh_seed, require_function, run_ranks
+from .harness import COLLECTIVES, GradingFailure, fresh_seed, grade_part, require_function, run_ranks
 
 __all__ = [
     "check_my_broadcast",
@@ -183,14 +183,11 @@ def _broadcast_no_hang(fn: Callable) -> None:
 def check_my_broadcast(fn: Any, part: str) -> None:
     """Grade one part of Exercise 3.1; raises GradingFailure with feedback."""
     fn = require_function(fn, "my_broadcast", "Exercise 3.1")
-    if part == "correct":
-        _broadcast_correct(fn, BROADCAST_CASES, part)
-    elif part == "point_to_point":
-        _broadcast_p2p(fn)
-    elif part == "no_hang":
-        _broadcast_no_hang(fn)
-    else:
-        raise ValueError(f"unknown part {part!r}; use one of {PARTS}")
+    grade_part(part, {
+        "correct": lambda: _broadcast_correct(fn, BROADCAST_CASES, part),
+        "point_to_point": lambda: _broadcast_p2p(fn),
+        "no_hang": lambda: _broadcast_no_hang(fn),
+    })
 
 
 def self_check_broadcast(fn: Any) -> None:
@@ -285,14 +282,11 @@ def _all_gather_no_hang(fn: Callable) -> None:
 def check_my_all_gather(fn: Any, part: str) -> None:
     """Grade one part of Exercise 3.2; raises GradingFailure with feedback."""
     fn = require_function(fn, "my_all_gather", "Exercise 3.2")
-    if part == "correct":
-        _all_gather_correct(fn, ALL_GATHER_CASES, part)
-    elif part == "point_to_point":
-        _all_gather_p2p(fn)
-    elif part == "no_hang":
-        _all_gather_no_hang(fn)
-    else:
-        raise ValueError(f"unknown part {part!r}; use one of {PARTS}")
+    grade_part(part, {
+        "correct": lambda: _all_gather_correct(fn, ALL_GATHER_CASES, part),
+        "point_to_point": lambda: _all_gather_p2p(fn),
+        "no_hang": lambda: _all_gather_no_hang(fn),
+    })
 
 
 def self_check_all_gather(fn: Any) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .harness import COLLECTIVES, GradingFailure, fresh_seed, require_function, run_ranks
+from .harness import COLLECTIVES, GradingFailure, fresh_seed, grade_part, require_function, run_ranks
 
 __all__ = ["check_ring_allreduce", "self_check", "CASES", "PARTS"]
 
@@ -182,16 +182,12 @@ def _check_no_hang(fn: Callable) -> None:
 def check_ring_allreduce(fn: Any, part: str) -> None:
     """Grade one part of the ring all-reduce exercise; raises GradingFailure with feedback."""
     fn = require_function(fn, "ring_allreduce", "Exercise 4.1")
-    if part == "correct":
-        _check_correct(fn, CASES, part)
-    elif part == "point_to_point":
-        _check_p2p(fn)
-    elif part == "bandwidth":
-        _check_bandwidth(fn)
-    elif part == "no_hang":
-        _check_no_hang(fn)
-    else:
-        raise ValueError(f"unknown part {part!r}; use one of {PARTS}")
+    grade_part(part, {
+        "correct": lambda: _check_correct(fn, CASES, part),
+        "point_to_point": lambda: _check_p2p(fn),
+        "bandwidth": lambda: _check_bandwidth(fn),
+        "no_hang": lambda: _check_no_hang(fn),
+    })
 
 
 def self_check(fn: Any) -> None:

@@ -87,27 +87,31 @@ def graded(tmp_path_factory):
     return root, exercise, parts, done.stdout
 
 
-def _part_scores(root: Path, student: str, parts: dict[str, str]) -> dict[str, float]:
+def _cell_scores(root: Path, student: str | None) -> dict[str, float]:
+    """Grade cell name -> the student's score, or (student None) -> the cell's points."""
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        nb = gb.find_submission_notebook(LESSON, LESSON, student)
-        return {parts[g.name]: g.score for g in nb.grades if g.name in parts}
+        if student is None:
+            return {c.name: c.max_score for c in gb.find_notebook(LESSON, LESSON).grade_cells}
+        return {g.name: g.score for g in gb.find_submission_notebook(LESSON, LESSON, student).grades}
+
+
+def _part_scores(root: Path, student: str, parts: dict[str, str]) -> dict[str, float]:
+    return {parts[name]: score for name, score in _cell_scores(root, student).items() if name in parts}
+
+
+def _points(root: Path, parts: dict[str, str]) -> dict[str, float]:
+    return {parts[name]: score for name, score in _cell_scores(root, None).items() if name in parts}
+
+
+def _other_points(root: Path, parts: dict[str, str]) -> float:
+    """Points of graded cells outside the four ring parts that the solution also earns."""
+    return sum(score for name, score in _cell_scores(root, "alice").items() if name not in parts)
 
 
 def _feedback(root: Path, student: str) -> str:
     return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
-
-
-FULL = {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1}
-
-
-def _points(root: Path, parts: dict[str, str]) -> dict[str, float]:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        nb = gb.find_notebook(LESSON, LESSON)
-        return {parts[c.name]: c.max_score for c in nb.grade_cells if c.name in parts}
 
 
 def test_instructor_solution_scores_full_marks(graded):
@@ -167,12 +171,3 @@ def test_grades_csv_lists_every_learner(graded):
     total = sum(_points(root, parts).values())
     assert float(rows["alice"]["score"]) == pytest.approx(total + _other_points(root, parts))
     assert float(rows["erin"]["score"]) == 0
-
-
-def _other_points(root: Path, parts: dict[str, str]) -> float:
-    """Points of graded cells outside the four ring parts that the solution also earns."""
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        nb = gb.find_submission_notebook(LESSON, LESSON, "alice")
-        return sum(g.score for g in nb.grades if g.name not in parts)
