@@ -28,9 +28,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from helpers import LaunchTimeoutError, RankFailedError, launch
-from helpers._instrument import COLLECTIVE_OPS
-from helpers.launcher import LaunchResult
+from helpers import DATA_COLLECTIVES, ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
 
 __all__ = [
     "GradingFailure",
@@ -44,7 +42,7 @@ __all__ = [
 
 # Every built-in collective (all but the barriers); disabled inside the ranks when an
 # exercise builds its own. The object collectives are in it too: they call the others.
-COLLECTIVES = tuple(op for op in COLLECTIVE_OPS if op not in ("barrier", "monitored_barrier"))
+COLLECTIVES = DATA_COLLECTIVES
 _REASON = "this exercise asks you to build it from point-to-point calls (send, recv, isend, irecv)"
 
 
@@ -109,8 +107,7 @@ def run_ranks(
             tuple(args),
             timeout=timeout,
             output="quiet",
-            forbid=tuple(forbid),
-            forbid_reason=_REASON,
+            forbid=dict.fromkeys(forbid, _REASON),
             trace=trace,
             backend="gloo",
             nnodes=nnodes,
@@ -124,7 +121,7 @@ def run_ranks(
             f"Where the ranks were waiting:\n{waits}" + (f"\n{notes}" if notes else "")
         ) from None
     except RankFailedError as err:
-        if err.exc_type == "RuntimeError" and "is disabled here" in (err.exc_message or ""):
+        if isinstance(err.original, ForbiddenCallError):
             raise GradingFailure(
                 f"{part}: rank {err.rank} called a built-in collective {where}: {err.exc_message}"
             ) from None

@@ -4,7 +4,11 @@
 - :class:`Cluster` keeps ranks alive between cells; ``%load_ext helpers`` adds the
   ``%%distributed`` magic on top of it (see :mod:`helpers.magics`).
 - Errors: :class:`RankFailedError`, :class:`LaunchTimeoutError`,
-  :class:`BackendUnavailableError`, all subclasses of :class:`LaunchError`.
+  :class:`BackendUnavailableError`, all subclasses of :class:`LaunchError`; inside a
+  rank, :class:`ForbiddenCallError` when code calls something a launch switched off.
+- The call names ``launch(..., forbid=...)`` takes: :data:`COLLECTIVES` (every
+  collective), :data:`DATA_COLLECTIVES` (all but the barriers), :data:`POINT_TO_POINT`,
+  and :data:`DDP` for DistributedDataParallel.
 - :func:`machine_info` says what this machine offers (CPUs, GPUs, backends).
 - :func:`shutdown` stops the background process that starts ranks (it restarts on demand).
 
@@ -20,8 +24,9 @@ from ._factory import get_factory as _get_factory
 from ._factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .cluster import Cluster, ClusterError
-from .errors import BackendUnavailableError, LaunchError, LaunchTimeoutError, RankFailedError
+from .errors import BackendUnavailableError, ForbiddenCallError, LaunchError, LaunchTimeoutError, RankFailedError
 from .launcher import LaunchResult, launch
+from .protocol import COLLECTIVES, DATA_COLLECTIVES, DDP, POINT_TO_POINT
 
 __all__ = [
     "launch",
@@ -30,6 +35,11 @@ __all__ = [
     "RankFailedError",
     "LaunchTimeoutError",
     "BackendUnavailableError",
+    "ForbiddenCallError",
+    "COLLECTIVES",
+    "DATA_COLLECTIVES",
+    "POINT_TO_POINT",
+    "DDP",
     "Cluster",
     "ClusterError",
     "load_ipython_extension",

@@ -38,6 +38,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
+
 __all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
 
 _MAX_PACKET = 1 << 20
@@ -105,7 +107,7 @@ class _Server:
         try:
             self._preload()
         except BaseException:
-            _send(self.sock, {"ev": "fatal", "error": traceback.format_exc()})
+            _send(self.sock, Fatal(traceback.format_exc()))
             return
         self._start_probe()
         poller = select.poll()
@@ -156,7 +158,7 @@ class _Server:
         except Exception:
             info = {"probe_error": "the probe process died before answering"}
         info["factory_pid"] = os.getpid()
-        _send(self.sock, {"ev": "hello", "info": info})
+        _send(self.sock, Hello(info))
 
     def _child_cleanup(self, keep: list[int]) -> None:
         """In a fresh child: drop the factory's sockets and handlers."""
@@ -175,24 +177,22 @@ class _Server:
         if not data:
             return False
         message = pickle.loads(data)
-        op = message["op"]
-        if op == "spawn":
+        if isinstance(message, Spawn):
             self._spawn(message, fds)
-        elif op == "signal":
-            for fd in fds:
-                os.close(fd)
+            return True
+        for fd in fds:
+            os.close(fd)
+        if isinstance(message, Signal):
             self._signal(message)
-        elif op == "stop":
-            return False
-        return True
+        return not isinstance(message, Stop)
 
-    def _spawn(self, message: dict, fds: list[int]) -> None:
+    def _spawn(self, message: Spawn, fds: list[int]) -> None:
         from . import _rank
 
-        gid = message["gid"]
+        gid = message.gid
         pids = []
-        for spec in message["ranks"]:
-            own = [fds[i] for i in spec["fds"]]
+        for spec in message.ranks:
+            own = [fds[i] for i in spec.fds]
             pid = os.fork()
             if pid == 0:
                 try:
@@ -200,23 +200,23 @@ class _Server:
                     for fd in fds:
                         if fd not in own:
                             os.close(fd)
-                    _rank.main(spec, message["common"], own, parent=os.getppid())
+                    _rank.main(spec, message.group, own, parent=os.getppid())
                 finally:
                     os._exit(70)
             try:
                 os.setpgid(pid, pid)  # also done in the child; whichever runs first wins
             except OSError:
                 pass
-            self.ranks[pid] = (gid, spec["rank"])
+            self.ranks[pid] = (gid, spec.rank)
             pids.append(pid)
         for fd in fds:
             os.close(fd)
-        if message["common"].get("store_dir"):
-            self.scratch[gid] = message["common"]["store_dir"]
-        _send(self.sock, {"ev": "spawned", "gid": gid, "pids": pids})
+        if message.group.store_dir:
+            self.scratch[gid] = message.group.store_dir
+        _send(self.sock, Spawned(gid, pids))
 
-    def _signal(self, message: dict) -> None:
-        gid, sig, only = message["gid"], message["sig"], message.get("ranks")
+    def _signal(self, message: Signal) -> None:
+        gid, sig, only = message.gid, message.sig, message.ranks
         whole_group = sig in (signal.SIGTERM, signal.SIGKILL)
         for pid, (g, rank) in list(self.ranks.items()):
             if g != gid or (only is not None and rank not in only):
@@ -254,7 +254,7 @@ class _Server:
             elif pid in self.ranks:
                 gid, rank = self.ranks.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
-                _send(self.sock, {"ev": "exit", "gid": gid, "rank": rank, "pid": pid, "code": code})
+                _send(self.sock, Exited(gid, rank, pid, code))
                 if not any(g == gid for g, _ in self.ranks.values()):
                     self._remove_scratch(gid)
 
@@ -359,7 +359,7 @@ class Factory:
         with self._lock:
             if self.sock.fileno() >= 0:
                 try:
-                    _send(self.sock, {"op": "stop"})
+                    _send(self.sock, Stop())
                 except OSError:
                     pass
                 self.sock.close()
@@ -376,7 +376,8 @@ class Factory:
 
     # -- requests ---------------------------------------------------------------------
 
-    def new_group(self, listener: Callable[[dict], None]) -> int:
+    def new_group(self, listener: Callable[[Spawned | Exited | None], None]) -> int:
+        """Register a group; ``listener`` gets its events, and None if the factory dies."""
         with self._lock:
             self._next_gid += 1
             self._listeners[self._next_gid] = listener
@@ -386,13 +387,13 @@ class Factory:
         with self._lock:
             self._listeners.pop(gid, None)
 
-    def spawn(self, gid: int, ranks: list[dict], common: dict, fds: list[int]) -> None:
-        self._request({"op": "spawn", "gid": gid, "ranks": ranks, "common": common}, fds)
+    def spawn(self, gid: int, ranks: list[RankSpec], group: GroupSpec, fds: list[int]) -> None:
+        self._request(Spawn(gid, ranks, group), fds)
 
     def signal(self, gid: int, sig: int, ranks: list[int] | None = None) -> None:
-        self._request({"op": "signal", "gid": gid, "sig": int(sig), "ranks": ranks})
+        self._request(Signal(gid, int(sig), ranks))
 
-    def _request(self, message: dict, fds: list[int] = ()) -> None:
+    def _request(self, message: Spawn | Signal, fds: list[int] = ()) -> None:
         with self._lock:
             if self.dead:
                 raise FactoryError(self.dead)
@@ -430,22 +431,21 @@ class Factory:
                     return
                 self._dispatch(pickle.loads(data))
 
-    def _dispatch(self, event: dict) -> None:
-        kind = event["ev"]
-        if kind == "hello":
-            self.info = event["info"]
+    def _dispatch(self, event: Hello | Fatal | Spawned | Exited) -> None:
+        if isinstance(event, Hello):
+            self.info = event.info
             self.ready_seconds = time.monotonic() - self.started
-        elif kind == "fatal":
-            self._died("the rank factory could not start:\n" + event["error"])
+        elif isinstance(event, Fatal):
+            self._died("the rank factory could not start:\n" + event.error)
         else:
-            listener = self._listeners.get(event.get("gid"))
+            listener = self._listeners.get(event.gid)
             if listener is not None:
                 listener(event)
 
     def _died(self, reason: str) -> None:
         self.dead = reason
         for listener in list(self._listeners.values()):
-            listener({"ev": "factory_died", "reason": reason})
+            listener(None)
 
 
 _factory: Factory | None = None

@@ -2,7 +2,7 @@
 
 :class:`RankGroup` is the one mechanism under both :func:`helpers.launch` (one call, then
 exit) and persistent ranks (many calls between cells). It owns each rank's pipes, reads
-their output while waiting, relays the rendezvous port, notices a rank that fails or dies,
+their output while waiting, notices a rank that fails or dies,
 reads the stacks of ranks that hang, and makes sure that every rank it started is gone
 when it is closed, whatever happened.
 
@@ -13,24 +13,44 @@ the cell, so it lands under that cell.
 
 from __future__ import annotations
 
-import mmap
+import dataclasses
 import os
-import shutil
-import tempfile
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 from . import _wire
 from ._factory import Factory, FactoryError
-from ._instrument import BOARD_SLOT, read_board
-from ._rank import FD_NAMES
+from ._report import earliest, in_distributed_call
 from .output import OutputRouter
+from .protocol import (
+    FD_NAMES,
+    Board,
+    BoardRecord,
+    Death,
+    Exited,
+    Failure,
+    GroupSpec,
+    RankSpec,
+    Ready,
+    Request,
+    Result,
+    Spawned,
+)
 
-__all__ = ["RankGroup", "RankState", "Outcome", "free_port", "kernel_sources"]
+__all__ = ["RankGroup", "RankState", "Outcome", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
+
+#: The process group's own timeout is the request timeout plus this: ours must fire
+#: first, so that a hang is diagnosed rather than ended by a gloo error.
+PG_TIMEOUT_MARGIN = 30.0
+# After an error raised inside torch.distributed, how long to wait for a rank's death
+# that may be its real cause (its peers' calls fail at once when it dies).
+_ECHO_GRACE = 0.5
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,20 +87,37 @@ class RankState:
     writer: _wire.FrameWriter | None = None
     reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
     diag: bytearray = field(default_factory=bytearray)
-    replies: list[dict] = field(default_factory=list)
 
 
 @dataclass
 class Outcome:
-    """How a request to several ranks ended."""
+    """How a request to several ranks ended, with the evidence that explains it."""
 
-    replies: dict[int, dict] = field(default_factory=dict)  # rank -> result message
-    failures: list[dict] = field(default_factory=list)  # error replies and unexpected exits
-    pending: list[int] = field(default_factory=list)  # ranks still busy at the deadline
+    replies: dict[int, Result] = field(default_factory=dict)
+    failures: list[Failure | Death] = field(default_factory=list)  # errors and unexpected exits
+    pending: list[int] = field(default_factory=list)  # ranks still busy when waiting stopped
+    cause: Failure | Death | None = None  # the root cause among the failures
+    diag: str = ""  # what the cause wrote on its diagnostics stream during the request
+    board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
+    stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
+    main_threads: dict[int, int | None] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.pending
+
+    @property
+    def finished(self) -> list[int]:
+        return sorted(self.replies)
 
 
 class RankGroup:
-    """``world_size`` ranks forked by the factory, with their pipes open to this process."""
+    """``world_size`` ranks forked by the factory, with their pipes open to this process.
+
+    ``timeout`` is the longest a request will be given; the process group's own timeout
+    is set above it (:data:`PG_TIMEOUT_MARGIN`). ``forbid`` maps call names to the reason
+    shown when a rank calls one (see :meth:`helpers._instrument.Instrument.forbid`).
+    """
 
     def __init__(
         self,
@@ -88,49 +125,45 @@ class RankGroup:
         world_size: int,
         *,
         backend: str,
+        timeout: float,
         nnodes: int = 1,
         init: bool = True,
-        pg_timeout: float = 300.0,
         router: OutputRouter | None = None,
         devices: list[int] | None = None,
         extra_env: dict[str, str] | None = None,
-        forbid: tuple[str, ...] = (),
-        forbid_reason: str = "",
+        forbid: dict[str, str] | None = None,
     ) -> None:
         self.factory = factory
         self.world_size = world_size
         self.backend = backend
         self.nnodes = nnodes
         self.init = init
-        self.pg_timeout = pg_timeout
+        self.pg_timeout = timeout + PG_TIMEOUT_MARGIN
         self.router = router or OutputRouter()
         self.devices = devices
         self.extra_env = extra_env or {}
-        self.forbid = tuple(forbid)
-        self.forbid_reason = forbid_reason
-        self.board = None
-        self.board_fd = None
+        self.forbid = dict(forbid or {})
+        self.board: Board | None = None
         self.store_dir: str | None = None
         self.ranks = [RankState(r) for r in range(world_size)]
-        self.events: list[dict] = []
+        self.events: list[Result | Failure | Death] = []
         self.factory_dead: str | None = None
         self._by_fd: dict[int, tuple[RankState, str]] = {}
         self._poller = select.poll()
         self._closed = False
+        self._next_id = 0
         self.gid = factory.new_group(self._on_factory_event)
 
     # -- start ------------------------------------------------------------------------
 
-    def start(self) -> "RankGroup":
-        """Fork the ranks. Returns at once; they initialise while we go on."""
+    def _group_spec(self) -> GroupSpec:
         world, nnodes = self.world_size, self.nnodes
         local_world = world // nnodes
-        master_port = free_port()
         env = dict(os.environ)
         env.update(
             {
                 "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(master_port),
+                "MASTER_PORT": str(free_port()),
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(local_world),
                 "GROUP_WORLD_SIZE": str(nnodes),
@@ -143,68 +176,64 @@ class RankGroup:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
         env.update(self.extra_env)
         cpus = (self.factory.info or {}).get("cpus") or os.cpu_count() or 1
-        common = {
-            "world_size": world,
-            "backend": self.backend,
-            "init": self.init,
-            "master_addr": "127.0.0.1",
-            "pg_timeout": self.pg_timeout,
-            "env": env,
-            "cwd": os.getcwd(),
-            "sys_path": list(sys.path),
-            "threads": max(1, cpus // local_world) if nnodes == 1 else max(1, cpus // world),
-            "sources": kernel_sources(),
-        }
+        store_path = None
         if self.init:  # the rendezvous store: a file in a folder of this group's own
             self.store_dir = tempfile.mkdtemp(prefix="helpers-rdzv-")
-            common["store_path"] = os.path.join(self.store_dir, "store")
-            common["store_dir"] = self.store_dir  # the factory removes it if we cannot
-        if self.forbid:
-            common["forbid"] = list(self.forbid)
-            common["forbid_reason"] = self.forbid_reason
-        # The board: a few bytes per rank where each rank notes the call it is in.
-        self.board_fd = os.memfd_create("helpers-board", os.MFD_CLOEXEC)
-        os.ftruncate(self.board_fd, BOARD_SLOT * world)
-        self.board = mmap.mmap(self.board_fd, BOARD_SLOT * world)
+            store_path = os.path.join(self.store_dir, "store")
+        return GroupSpec(
+            world_size=world,
+            backend=self.backend,
+            init=self.init,
+            pg_timeout=self.pg_timeout,
+            env=env,
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            threads=max(1, cpus // local_world) if nnodes == 1 else max(1, cpus // world),
+            sources=kernel_sources(),
+            store_path=store_path,
+            store_dir=self.store_dir,  # the factory removes it if we cannot
+            forbid=self.forbid,
+        )
+
+    def _open_pipes(self, state: RankState) -> list[int]:
+        """Make one rank's pipes; keep our ends, return theirs in FD_NAMES order."""
+        theirs: list[int] = []
+        for name in FD_NAMES:
+            if name == "board":
+                theirs.append(os.dup(self.board.fd))
+                continue
+            read_end, write_end = os.pipe()
+            ours, child = (write_end, read_end) if name == "cmd" else (read_end, write_end)
+            theirs.append(child)
+            state.fds[name] = ours
+            os.set_blocking(ours, False)
+            if name == "cmd":
+                state.writer = _wire.FrameWriter(ours)
+            else:
+                self._by_fd[ours] = (state, name)
+                self._poller.register(ours, select.POLLIN)
+        return theirs
+
+    def start(self) -> "RankGroup":
+        """Fork the ranks. Returns at once; they initialise while we go on."""
+        group = self._group_spec()
+        local_world = self.world_size // self.nnodes
+        # The board: a few bytes per rank where each rank notes what it is doing.
+        self.board = Board.create(self.world_size)
         specs, child_fds = [], []
         for state in self.ranks:
             r = state.rank
-            ours: dict[str, int] = {}
-            theirs: list[int] = []
-            for name in FD_NAMES:
-                if name == "board":
-                    theirs.append(os.dup(self.board_fd))
-                    continue
-                read_end, write_end = os.pipe()
-                if name == "cmd":  # we write, the rank reads
-                    ours[name], child = write_end, read_end
-                else:
-                    ours[name], child = read_end, write_end
-                theirs.append(child)
-            specs.append(
-                {
-                    "rank": r,
-                    "fds": list(range(len(child_fds), len(child_fds) + len(theirs))),
-                    "device": self.devices[r] if self.devices else None,
-                    "env": {
-                        "RANK": str(r),
-                        "LOCAL_RANK": str(r % local_world),
-                        "GROUP_RANK": str(r // local_world),
-                        "ROLE_RANK": str(r),
-                    },
-                }
-            )
+            theirs = self._open_pipes(state)
+            specs.append(RankSpec(
+                rank=r,
+                fds=list(range(len(child_fds), len(child_fds) + len(theirs))),
+                device=self.devices[r] if self.devices else None,
+                env={"RANK": str(r), "LOCAL_RANK": str(r % local_world),
+                     "GROUP_RANK": str(r // local_world), "ROLE_RANK": str(r)},
+            ))
             child_fds.extend(theirs)
-            state.fds = ours
-            for name, fd in ours.items():
-                os.set_blocking(fd, False)
-                if name == "cmd":
-                    state.writer = _wire.FrameWriter(fd)
-                else:
-                    self._by_fd[fd] = (state, name)
-                    self._poller.register(fd, select.POLLIN)
         try:
-            self.factory.spawn(self.gid, specs, common, child_fds)
+            self.factory.spawn(self.gid, specs, group, child_fds)
         finally:
             for fd in child_fds:
                 os.close(fd)
@@ -213,18 +242,17 @@ class RankGroup:
 
     # -- factory events ---------------------------------------------------------------
 
-    def _on_factory_event(self, event: dict) -> None:
-        kind = event["ev"]
-        if kind == "spawned":
-            for state, pid in zip(self.ranks, event["pids"]):
+    def _on_factory_event(self, event: Spawned | Exited | None) -> None:
+        if isinstance(event, Spawned):
+            for state, pid in zip(self.ranks, event.pids):
                 state.pid = pid
-        elif kind == "exit":
-            state = self.ranks[event["rank"]]
-            state.exitcode = event["code"]
+        elif isinstance(event, Exited):
+            state = self.ranks[event.rank]
+            state.exitcode = event.code
             state.state = "exited"
-            self.events.append({"ev": "exit", "rank": state.rank, "code": event["code"], "time": time.time()})
-        elif kind == "factory_died":
-            self.factory_dead = event["reason"]
+            self.events.append(Death(state.rank, event.code))
+        else:  # the factory died, and every rank with it
+            self.factory_dead = self.factory.dead
             for state in self.ranks:
                 if state.state != "exited":
                     state.state = "exited"
@@ -264,8 +292,8 @@ class RankGroup:
                 state.diag += data
             elif name == "reply":
                 state.reader.feed(data)
-                for message in state.reader.messages():
-                    self._on_reply(state, message)
+                for reply in state.reader.messages():
+                    self._on_reply(state, reply)
         for state in self.ranks:
             if state.writer is not None and state.writer.waiting:
                 try:
@@ -279,25 +307,14 @@ class RankGroup:
             return 2
         return 0 if entry[1] in ("stdout", "stderr") else 1
 
-    def drain(self, rank: int, timeout: float = 1.0) -> None:
-        """Read a rank's reply pipe to its end (after it exited), so no reply is missed."""
-        fd = self.ranks[rank].fds.get("reply")
-        deadline = time.monotonic() + timeout
-        while fd in self._by_fd and time.monotonic() < deadline:
-            self.poll(0.02)
-
-    def _on_reply(self, state: RankState, message: dict) -> None:
-        kind = message["ev"]
-        if kind == "ready":
+    def _on_reply(self, state: RankState, reply: Ready | Result | Failure) -> None:
+        if isinstance(reply, Ready):
             state.state = "idle"
-            state.main_thread = message["main_thread"]
-        else:
-            if message.get("id") is not None or kind == "error":
-                state.state = "idle" if state.state == "busy" else state.state
-            message["rank"] = state.rank
-            message.setdefault("time", time.time())
-            state.replies.append(message)
-            self.events.append(message)
+            state.main_thread = reply.main_thread
+            return
+        if state.state == "busy":
+            state.state = "idle"
+        self.events.append(reply)
 
     def _close_fd(self, fd: int) -> None:
         try:
@@ -310,45 +327,69 @@ class RankGroup:
         except OSError:
             pass
 
-    def send(self, rank: int, message: dict) -> None:
+    def send(self, rank: int, request: Request) -> None:
         """Queue a request for one rank; written as the pipe takes it."""
         state = self.ranks[rank]
         if state.writer is None:
             return
         try:
-            state.writer.queue(message)
+            state.writer.queue(request)
         except OSError:  # the rank is gone; its exit is reported separately
             state.writer = None
 
-    def take_events(self) -> list[dict]:
+    def take_events(self) -> list[Result | Failure | Death]:
         events, self.events = self.events, []
         return events
 
+    def _last_words(self, death: Death, rid: int | None) -> Failure | Death:
+        """A rank died: the error it sent as it died, if any (its own cause), else the death.
+
+        Reads its reply pipe to the end first, so nothing it sent is missed; other events
+        read meanwhile stay queued.
+        """
+        fd = self.ranks[death.rank].fds.get("reply")
+        deadline = time.monotonic() + 1.0
+        while fd in self._by_fd and time.monotonic() < deadline:
+            self.poll(0.02)
+        last: Failure | Death = death
+        keep = []
+        for event in self.take_events():
+            if isinstance(event, Failure) and event.rank == death.rank and event.id in (rid, None):
+                last = event
+            else:
+                keep.append(event)
+        self.events[:0] = keep
+        return last
+
     def request(
         self,
-        message: dict,
+        request: Request,
         ranks: list[int],
         timeout: float,
         *,
         fail_fast: bool = True,
         after_failure: float = 0.0,
     ) -> Outcome:
-        """Send ``message`` to ``ranks`` and wait for their answers.
+        """Send ``request`` to ``ranks`` and wait for their answers.
 
         Returns when every rank answered, at the timeout, or once a rank failed: at once
         with ``fail_fast``, else ``after_failure`` seconds later (time for the others to
-        finish on their own). Never raises for rank problems; the caller decides.
+        finish on their own). Never raises for rank problems: the outcome carries the
+        evidence (root cause, its crash stack, the board, hung ranks' stacks) and the
+        caller decides.
         """
-        self._next_id = getattr(self, "_next_id", 0) + 1
+        self._next_id += 1
         rid = self._next_id
+        request = dataclasses.replace(request, id=rid)
+        marks = {r: len(self.ranks[r].diag) for r in ranks}
         outcome = Outcome()
         pending = set()
         for r in ranks:
             if self.ranks[r].state == "exited":
-                outcome.failures.append({"ev": "exit", "rank": r, "code": self.ranks[r].exitcode, "time": 0.0})
+                outcome.failures.append(Death(r, self.ranks[r].exitcode, 0.0))
                 continue
             self.ranks[r].state = "busy"
-            self.send(r, {**message, "id": rid})
+            self.send(r, request)
             pending.add(r)
         deadline = time.monotonic() + timeout
         failed_at = None
@@ -366,44 +407,81 @@ class RankGroup:
                 self.poll(min(remaining, 0.25))
                 events = self.take_events()
             for event in events:
-                r = event["rank"]
-                if event["ev"] == "exit":
-                    self.drain(r)
-                    for late in self.take_events():  # an error the rank sent as it died
-                        if late["ev"] == "error" and late["rank"] == r and late.get("id") in (rid, None):
-                            event = late
-                    if r in pending or event["ev"] == "error":
+                if isinstance(event, Death):
+                    event = self._last_words(event, rid)
+                    if event.rank in pending or isinstance(event, Failure):
                         outcome.failures.append(event)
-                        pending.discard(r)
-                elif event.get("id") not in (rid, None):
+                        pending.discard(event.rank)
+                elif event.id not in (rid, None):
                     continue  # an answer to an earlier request that was given up on
-                elif event["ev"] == "error":
+                elif isinstance(event, Failure):
                     outcome.failures.append(event)
-                    pending.discard(r)
-                elif event["ev"] == "result":
-                    outcome.replies[r] = event
-                    pending.discard(r)
+                    pending.discard(event.rank)
+                else:
+                    outcome.replies[event.rank] = event
+                    pending.discard(event.rank)
         outcome.pending = sorted(pending)
+        return self._gather_evidence(outcome, rid, marks, aborted=fail_fast and bool(outcome.failures))
+
+    def wait_ready(self, timeout: float) -> Outcome:
+        """Wait until every rank has set up its process group (or one failed doing so)."""
+        outcome = Outcome()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.factory_dead:
+                raise FactoryError(self.factory_dead)
+            starting = [s.rank for s in self.ranks if s.state == "starting"]
+            if not starting:
+                break
+            if time.monotonic() > deadline:
+                outcome.pending = starting
+                break
+            self.poll(0.1)
+            for event in self.take_events():
+                if isinstance(event, Death):
+                    event = self._last_words(event, None)
+                if isinstance(event, (Failure, Death)):
+                    outcome.failures.append(event)
+            if outcome.failures:
+                break
+        return self._gather_evidence(outcome, None, {}, aborted=bool(outcome.failures))
+
+    def _gather_evidence(self, outcome: Outcome, rid: int | None, marks: dict[int, int], aborted: bool) -> Outcome:
+        """Add what explains a failed request: the root cause and its crash stack, and the
+        board and stacks of the ranks still running (unless waiting was ``aborted`` at the
+        first failure: they are then about to be stopped, and not part of the story)."""
+        outcome.main_threads = {s.rank: s.main_thread for s in self.ranks}
+        if outcome.failures:
+            if aborted and outcome.pending:
+                self._wait_for_death(outcome, rid)
+            outcome.cause = earliest(outcome.failures)
+            rank = outcome.cause.rank
+            outcome.diag = bytes(self.ranks[rank].diag[marks.get(rank, 0):]).decode("utf-8", "replace")
+        if outcome.pending and not aborted:
+            outcome.board = self.read_board()
+            outcome.stacks = self.dump_stacks(outcome.pending)
         return outcome
+
+    def _wait_for_death(self, outcome: Outcome, rid: int | None) -> None:
+        """When the first error was raised inside torch.distributed it may be an echo of a
+        rank that died (its peers' calls fail at once, and their errors can arrive before
+        the factory reports the death): wait briefly for such a death."""
+        if any(isinstance(f, Death) for f in outcome.failures) or not in_distributed_call(earliest(outcome.failures)):
+            return
+        known = {f.rank for f in outcome.failures}
+        deadline = time.monotonic() + _ECHO_GRACE
+        while time.monotonic() < deadline:
+            self.poll(0.02)
+            deaths = [e for e in self.take_events() if isinstance(e, Death) and e.rank not in known]
+            if deaths:
+                outcome.failures += [self._last_words(d, rid) for d in deaths]
+                return
 
     # -- state ------------------------------------------------------------------------
 
     @property
     def live(self) -> list[int]:
         return [s.rank for s in self.ranks if s.state != "exited"]
-
-    @property
-    def pids(self) -> list[int | None]:
-        return [s.pid for s in self.ranks]
-
-    def wait_spawned(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while any(s.pid is None for s in self.ranks) and not self.factory_dead:
-            if time.monotonic() > deadline:
-                raise FactoryError("the rank factory did not answer a start request in time")
-            self.poll(0.05)
-        if self.factory_dead:
-            raise FactoryError(self.factory_dead)
 
     # -- signals and stacks -----------------------------------------------------------
 
@@ -437,11 +515,9 @@ class RankGroup:
                 quiet_since = None
         return {r: bytes(self.ranks[r].diag[before[r]:]).decode("utf-8", "replace") for r in ranks}
 
-    def read_board(self) -> list[dict]:
-        """What each rank notes it is doing right now (its current torch.distributed call)."""
-        if self.board is None:
-            return []
-        return read_board(self.board, self.world_size)
+    def read_board(self) -> list[BoardRecord]:
+        """What each rank notes it is doing right now (its phase, its torch.distributed call)."""
+        return self.board.read() if self.board is not None else []
 
     # -- stop -------------------------------------------------------------------------
 
@@ -530,7 +606,6 @@ class RankGroup:
         self.factory.forget_group(self.gid)
         if self.board is not None:
             self.board.close()
-            os.close(self.board_fd)
             self.board = None
         if self.store_dir is not None:
             shutil.rmtree(self.store_dir, ignore_errors=True)

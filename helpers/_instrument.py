@@ -7,9 +7,12 @@ explained even when the rank is stuck inside C++: which call, which peer. With t
 on, each call is also recorded as an event (op, peer, bytes, dtype, shape, times); the
 events go home with the request's reply.
 
-The same wrappers can forbid functions: an exercise that asks for a hand-made
-all-reduce runs with ``all_reduce`` and its relatives disabled, also on the process
-group object, so only point-to-point calls can do the work.
+The same wrappers can switch calls off: an exercise that asks for a hand-made
+all-reduce runs with ``all_reduce`` and its relatives raising
+:class:`~helpers.ForbiddenCallError`, also on the process group object, so only
+point-to-point calls can do the work.
+
+The board and the trace events are records of :mod:`helpers.protocol`.
 
 This module runs in the ranks only; the notebook side is :mod:`helpers.trace`.
 """
@@ -17,23 +20,14 @@ This module runs in the ranks only; the notebook side is :mod:`helpers.trace`.
 from __future__ import annotations
 
 import inspect
-import mmap
-import struct
 import threading
 import time
 from typing import Any, Callable
 
-__all__ = [
-    "P2P_OPS",
-    "COLLECTIVE_OPS",
-    "OPS",
-    "BOARD_SLOT",
-    "BOARD_FORMAT",
-    "Instrument",
-    "read_board",
-    "FORBIDDEN_ALIASES",
-    "current",
-]
+from .errors import ForbiddenCallError
+from .protocol import COLLECTIVES, DDP, POINT_TO_POINT, Board, TraceEvent
+
+__all__ = ["Instrument", "FORBIDDEN_ALIASES", "current"]
 
 _current: "Instrument | None" = None
 
@@ -42,29 +36,6 @@ def current() -> "Instrument | None":
     """The rank's instrument (None outside a rank, or with HELPERS_NO_INSTRUMENT=1)."""
     return _current
 
-P2P_OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
-COLLECTIVE_OPS = (
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "monitored_barrier",
-    "broadcast_object_list",
-    "all_gather_object",
-    "gather_object",
-    "scatter_object_list",
-    "_all_gather_base",
-    "_reduce_scatter_base",
-)
-OPS = P2P_OPS + COLLECTIVE_OPS + ("wait",)
 
 # Process-group methods and functional collectives that do the same work as a public
 # collective; forbidding the collective forbids these too.
@@ -83,13 +54,6 @@ FORBIDDEN_ALIASES = {
     "barrier": ("barrier", "monitored_barrier"),
 }
 
-_OP_INDEX = {name: i for i, name in enumerate(OPS)}
-
-# state, op index, peer, sequence number, bytes, group members bit mask, start time
-BOARD_FORMAT = struct.Struct("<BBhIQQd")
-BOARD_SLOT = 64
-_IDLE, _IN_CALL, _WAITING = 0, 1, 2
-
 _PEER_PARAMS = ("dst", "src")
 _GROUP_PEER_PARAMS = ("group_dst", "group_src")
 _TENSOR_PARAM = {
@@ -106,26 +70,6 @@ _TENSOR_PARAM = {
 }
 
 
-def read_board(buffer: Any, world_size: int) -> list[dict[str, Any]]:
-    """Decode every rank's slot of a board (notebook side)."""
-    out = []
-    for rank in range(world_size):
-        state, op, peer, seq, nbytes, mask, start = BOARD_FORMAT.unpack_from(buffer, rank * BOARD_SLOT)
-        out.append(
-            {
-                "rank": rank,
-                "state": ("idle", "call", "wait")[state] if state < 3 else "idle",
-                "op": OPS[op] if state and op < len(OPS) else None,
-                "peer": None if peer < 0 else peer,
-                "seq": seq,
-                "nbytes": nbytes,
-                "members": [r for r in range(64) if mask >> r & 1] if mask else None,
-                "start": start,
-            }
-        )
-    return out
-
-
 def _nbytes(value: Any) -> int | None:
     import torch
 
@@ -137,11 +81,11 @@ def _nbytes(value: Any) -> int | None:
 
 
 class _TracedWork:
-    """Stands in for a ``Work`` request; records when it is waited on."""
+    """Stands in for a ``Work`` request; notes the wait on the board, and in the trace."""
 
     __slots__ = ("_work", "_events", "_instrument", "_label")
 
-    def __init__(self, work: Any, events: list[dict], instrument: "Instrument", label: tuple) -> None:
+    def __init__(self, work: Any, events: list[TraceEvent], instrument: "Instrument", label: tuple) -> None:
         self._work = work
         self._events = events
         self._instrument = instrument
@@ -150,17 +94,17 @@ class _TracedWork:
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         inst = self._instrument
         op, peer, nbytes = self._label
-        inst.post(_WAITING, op, peer, nbytes, None)
+        inst.post("wait", op, peer, nbytes, None)
         began = time.perf_counter()
         try:
             return self._work.wait(*args, **kwargs)
         finally:
             ended = time.perf_counter()
-            inst.post(_IDLE, op, peer, 0, None)
+            inst.post("running")
             for event in self._events:
-                if event.get("wait_start") is None:
-                    event["wait_start"] = began
-                event["waited"] = ended
+                if event.wait_start is None:
+                    event.wait_start = began
+                event.waited = ended
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -172,39 +116,23 @@ class _TracedWork:
 class Instrument:
     """The wrappers of one rank: board updates always, events when tracing."""
 
-    def __init__(self, rank: int, board_fd: int | None, world_size: int) -> None:
+    def __init__(self, rank: int, board: Board | None, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
         self.tracing = False
-        self.events: list[dict] = []
+        self.events: list[TraceEvent] = []
         self.forbidden: dict[str, str] = {}
         self.seq = 0
         self._local = threading.local()
-        self._board = None
-        if board_fd is not None:
-            try:
-                self._board = mmap.mmap(board_fd, BOARD_SLOT * world_size)
-            except (OSError, ValueError):
-                self._board = None
-        self._offset = rank * BOARD_SLOT
+        self._board = board
         self._originals: dict[tuple[Any, str], Any] = {}
 
     # -- board ------------------------------------------------------------------------
 
-    def post(self, state: int, op: str, peer: int | None, nbytes: int | None, members: int | None) -> None:
-        if self._board is None:
-            return
-        BOARD_FORMAT.pack_into(
-            self._board,
-            self._offset,
-            state,
-            _OP_INDEX.get(op, 0),
-            -1 if peer is None else int(peer),
-            self.seq,
-            int(nbytes or 0),
-            int(members or 0),
-            time.perf_counter(),
-        )
+    def post(self, phase: str, call: str | None = None, peer: int | None = None,
+             nbytes: int | None = None, members: int | None = None) -> None:
+        if self._board is not None:
+            self._board.post(self.rank, phase, call, peer=peer, seq=self.seq, nbytes=nbytes, members=members)
 
     # -- install ----------------------------------------------------------------------
 
@@ -219,7 +147,7 @@ class Instrument:
             for (owner, name), wrapped in self._installed.items():
                 setattr(owner, name, wrapped)
             return
-        for name in P2P_OPS + COLLECTIVE_OPS:
+        for name in POINT_TO_POINT + COLLECTIVES:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
@@ -239,11 +167,16 @@ class Instrument:
         self._originals.setdefault((owner, name), getattr(owner, name))
         setattr(owner, name, value)
 
-    def forbid(self, names: list[str], reason: str) -> None:
-        """Make these collectives (and their process-group aliases) raise ``reason``."""
-        import torch.distributed as dist
+    def forbid(self, reasons: dict[str, str]) -> None:
+        """Switch off these calls (name -> the reason the learner reads).
 
-        for name in names:
+        A collective's name also switches off its process-group methods and functional
+        version; :data:`~helpers.protocol.DDP` switches off DistributedDataParallel.
+        """
+        for name, reason in reasons.items():
+            if name == DDP:
+                self._forbid_ddp(reason)
+                continue
             self.forbidden[name] = reason
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in _process_group_classes():
@@ -251,13 +184,16 @@ class Instrument:
                         self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason))
             try:
                 import torch.distributed._functional_collectives as fc
-
-                for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
-                    if hasattr(fc, fname):
-                        self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason))
             except ImportError:
-                pass
-        _ = dist
+                continue
+            for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
+                if hasattr(fc, fname):
+                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason))
+
+    def _forbid_ddp(self, reason: str) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._set(DistributedDataParallel, "__init__", _refuser("torch.nn.parallel.DistributedDataParallel", reason))
 
     # -- the wrapper ------------------------------------------------------------------
 
@@ -266,13 +202,13 @@ class Instrument:
         peer_param = next((p for p in _PEER_PARAMS if p in params), None)
         group_peer_param = next((p for p in _GROUP_PEER_PARAMS if p in params), None)
         tensor_param = _TENSOR_PARAM.get(name, params[0] if params else None)
-        is_p2p = name in P2P_OPS
+        is_p2p = name in POINT_TO_POINT
         inst = self
         local = self._local
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if name in inst.forbidden:
-                raise RuntimeError(f"torch.distributed.{name} is disabled here: {inst.forbidden[name]}")
+                raise ForbiddenCallError(f"torch.distributed.{name}", inst.forbidden[name])
             if getattr(local, "depth", 0):  # a call made by another wrapped call
                 return fn(*args, **kwargs)
             bound = dict(zip(params, args))
@@ -288,7 +224,7 @@ class Instrument:
             members = None if is_p2p else _members(group)
             if not is_p2p:
                 inst.seq += 1
-            inst.post(_IN_CALL, name, peer, nbytes, members)
+            inst.post("call", name, peer, nbytes, members)
             local.depth = 1
             start = time.perf_counter()
             try:
@@ -296,13 +232,13 @@ class Instrument:
             finally:
                 local.depth = 0
                 end = time.perf_counter()
-                inst.post(_IDLE, name, peer, 0, None)
+                inst.post("running")
             if name == "recv" and peer is None and isinstance(result, int):
                 peer = result  # receive from any source: now we know who sent
             if inst.tracing:
                 event = inst._event(name, peer, tensor, nbytes, start, end, group, bound)
                 if _is_work(result):
-                    event["async"] = True
+                    event.async_op = True
                     return _TracedWork(result, [event], inst, (name, peer, nbytes))
             elif _is_work(result) and inst._board is not None:
                 return _TracedWork(result, [], inst, (name, peer, nbytes))
@@ -321,7 +257,7 @@ class Instrument:
         for op in ops:
             kind = getattr(getattr(op, "op", None), "__name__", "isend")
             labels.append((kind, op.peer, _nbytes(op.tensor), op.tensor))
-        self.post(_IN_CALL, "batch_isend_irecv", labels[0][1] if labels else None, sum(n or 0 for _, _, n, _ in labels), None)
+        self.post("call", "batch_isend_irecv", labels[0][1] if labels else None, sum(n or 0 for _, _, n, _ in labels))
         local.depth = 1
         start = time.perf_counter()
         try:
@@ -329,7 +265,7 @@ class Instrument:
         finally:
             local.depth = 0
             end = time.perf_counter()
-            self.post(_IDLE, "batch_isend_irecv", None, 0, None)
+            self.post("running")
         if not self.tracing:
             return works
         events = [
@@ -337,7 +273,7 @@ class Instrument:
             for kind, peer, nbytes, tensor in labels
         ]
         for event in events:
-            event["async"] = True
+            event.async_op = True
         if isinstance(works, list):
             # One request may stand for the whole batch: each waits for all of its events.
             return [_TracedWork(w, events, self, ("wait", None, 0)) for w in works]
@@ -345,42 +281,28 @@ class Instrument:
 
     def _event(
         self, name: str, peer: Any, tensor: Any, nbytes: Any, start: float, end: float, group: Any, bound: dict, batch: bool = False
-    ) -> dict:
+    ) -> TraceEvent:
         import torch
 
-        event: dict[str, Any] = {
-            "rank": self.rank,
-            "op": name,
-            "peer": peer,
-            "nbytes": nbytes,
-            "dtype": None,
-            "shape": None,
-            "start": start,
-            "end": end,
-            "async": False,
-            "wait_start": None,
-            "waited": None,
-            "tag": bound.get("tag", 0) or 0,
-            "group": _members_list(group),
-            "batch": batch,
-            "seq": self.seq if name in COLLECTIVE_OPS else None,
-            "offset": None,
-            "base_nbytes": None,
-        }
+        event = TraceEvent(
+            rank=self.rank, op=name, peer=peer, nbytes=nbytes, dtype=None, shape=None, start=start, end=end,
+            tag=bound.get("tag", 0) or 0, group=_members_list(group), batch=batch,
+            seq=self.seq if name in COLLECTIVES else None,
+        )
         if isinstance(tensor, torch.Tensor):
-            event["dtype"] = str(tensor.dtype).replace("torch.", "")
-            event["shape"] = tuple(tensor.shape)
+            event.dtype = str(tensor.dtype).replace("torch.", "")
+            event.shape = tuple(tensor.shape)
             try:
-                event["offset"] = tensor.storage_offset() * tensor.element_size()
-                event["base_nbytes"] = tensor.untyped_storage().nbytes()
+                event.offset = tensor.storage_offset() * tensor.element_size()
+                event.base_nbytes = tensor.untyped_storage().nbytes()
             except Exception:  # noqa: BLE001 - sparse or unusual tensors
                 pass
         if "op" in bound and name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
-            event["reduce_op"] = str(bound["op"]).rsplit(".", 1)[-1]
+            event.reduce_op = str(bound["op"]).rsplit(".", 1)[-1]
         self.events.append(event)
         return event
 
-    def take_events(self) -> list[dict]:
+    def take_events(self) -> list[TraceEvent]:
         events, self.events = self.events, []
         return events
 
@@ -435,7 +357,7 @@ def _process_group_classes() -> list[type]:
 
 def _refuser(label: str, reason: str) -> Callable:
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{label} is disabled here: {reason}")
+        raise ForbiddenCallError(label, reason)
 
     refuse.__name__ = label.rsplit(".", 1)[-1]
     return refuse

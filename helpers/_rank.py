@@ -21,20 +21,31 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from datetime import timedelta
 from typing import Any
 
 from . import _wire
+from .protocol import (
+    FD_NAMES,
+    Board,
+    Call,
+    Exec,
+    Failure,
+    GroupSpec,
+    Pull,
+    Push,
+    RankException,
+    RankSpec,
+    Ready,
+    Request,
+    Result,
+)
 
-__all__ = ["main", "describe_exception"]
+__all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
 _THIS_FILE = os.path.abspath(__file__)
-
-# Fixed file descriptor order of the pipes a rank receives.
-FD_NAMES = ("stdout", "stderr", "cmd", "reply", "diag", "board")
 
 
 def _die_with_parent(parent: int) -> None:
@@ -57,34 +68,6 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     )
 
 
-def describe_exception(exc: BaseException, skip_own_frames: bool = True) -> dict:
-    """A picklable description of an exception raised in a rank."""
-    tb = exc.__traceback__
-    if skip_own_frames:
-        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _THIS_FILE:
-            tb = tb.tb_next
-    te = traceback.TracebackException(type(exc), exc, tb, capture_locals=False)
-    frames = [
-        {"filename": f.filename, "lineno": f.lineno, "name": f.name, "line": f.line}
-        for f in te.stack
-    ]
-    try:
-        import cloudpickle
-
-        pickled = cloudpickle.dumps(exc)
-    except Exception:
-        pickled = None
-    return {
-        "type": type(exc).__qualname__,
-        "module": type(exc).__module__,
-        "message": str(exc),
-        "text": "".join(te.format()),
-        "frames": frames,
-        "pickled": pickled,
-        "time": time.time(),
-    }
-
-
 def _to_cpu(value: Any) -> Any:
     import torch
 
@@ -100,11 +83,14 @@ def _to_cpu(value: Any) -> Any:
 
 
 class _Rank:
-    def __init__(self, spec: dict, common: dict, fds: list[int]) -> None:
+    def __init__(self, spec: RankSpec, group: GroupSpec, fds: list[int]) -> None:
         self.spec = spec
-        self.common = common
+        self.group = group
+        self.rank = spec.rank
         self.fd = dict(zip(FD_NAMES, fds))
         self.namespace: dict[str, Any] = {}
+        self.board = Board.attach(self.fd["board"], group.world_size)
+        self.inst = None
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -124,43 +110,42 @@ class _Rank:
         faulthandler.enable(file=self.diag, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=self.diag, all_threads=True, chain=False)
 
-        common, spec = self.common, self.spec
+        group, spec = self.group, self.spec
         os.environ.clear()
-        os.environ.update(common["env"])
-        os.environ.update(spec["env"])
+        os.environ.update(group.env)
+        os.environ.update(spec.env)
         try:
-            os.chdir(common["cwd"])
+            os.chdir(group.cwd)
         except OSError:
             pass
-        sys.path[:] = common["sys_path"]
-        sys.argv = [f"rank{spec['rank']}"]
-        for filename, lines in common.get("sources", {}).items():
+        sys.path[:] = group.sys_path
+        sys.argv = [f"rank{spec.rank}"]
+        for filename, lines in group.sources.items():
             linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
         import torch
 
         if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(common["threads"])
+            torch.set_num_threads(group.threads)
 
     def init_process_group(self) -> None:
         import torch
         import torch.distributed as dist
 
-        spec, common = self.spec, self.common
-        rank, world = spec["rank"], common["world_size"]
-        timeout = timedelta(seconds=common["pg_timeout"])
+        group = self.group
+        timeout = timedelta(seconds=group.pg_timeout)
         # A FileStore in a folder of this launch's own: no port to pick or collide on.
         # (A TCPStore on a fresh port works as well, but in some sandboxes a loopback
         # connect now and then stalls for 5 s; a file never does.)
-        store = dist.FileStore(common["store_path"], world)
+        store = dist.FileStore(group.store_path, group.world_size)
         store.set_timeout(timeout)
         kwargs: dict[str, Any] = {}
-        if common["backend"] == "nccl":
-            device = torch.device("cuda", spec["device"])
+        if group.backend == "nccl":
+            device = torch.device("cuda", self.spec.device)
             torch.cuda.set_device(device)
             kwargs["device_id"] = device
         dist.init_process_group(
-            common["backend"], store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
+            group.backend, store=store, rank=self.rank, world_size=group.world_size, timeout=timeout, **kwargs
         )
         del store  # the process group keeps its own reference
 
@@ -170,38 +155,30 @@ class _Rank:
 
         if os.environ.get("HELPERS_NO_INSTRUMENT") == "1":  # for measuring the wrappers' cost
             return
-        self.inst = Instrument(self.spec["rank"], self.fd.get("board"), self.common["world_size"])
+        self.inst = Instrument(self.rank, self.board, self.group.world_size)
         self.inst.install()
-        forbid = self.common.get("forbid")
-        if forbid:
-            self.inst.forbid(list(forbid), self.common.get("forbid_reason") or "not allowed in this exercise")
+        if self.group.forbid:
+            self.inst.forbid(self.group.forbid)
 
     # -- channel ----------------------------------------------------------------------
 
-    def send(self, message: dict) -> None:
-        inst = getattr(self, "inst", None)
-        if inst is not None and inst.tracing and message.get("ev") in ("result", "error"):
-            message["trace"] = inst.take_events()
-            inst.tracing = False
-        _wire.write_frame(self.fd["reply"], message)
-
-    def recv(self) -> Any:
-        return _wire.read_frame(self.fd["cmd"])
+    def send(self, reply: Ready | Result | Failure) -> None:
+        _wire.write_frame(self.fd["reply"], reply)
 
     # -- requests ---------------------------------------------------------------------
 
     def serve(self) -> None:
-        self.send(
-            {"ev": "ready", "pid": os.getpid(), "main_thread": threading.main_thread().ident}
-        )
+        self.send(Ready(self.rank, os.getpid(), threading.main_thread().ident))
         while True:
+            self.board.post(self.rank, "ready")
             try:
-                message = self.recv()
+                request = _wire.read_frame(self.fd["cmd"])
             except KeyboardInterrupt:  # an interrupt that arrived while idle: nothing to stop
                 continue
-            if message is None:
+            if request is None:
                 return
-            self.handle(message)
+            self.board.post(self.rank, "running")
+            self.handle(request)
 
     def _namespace(self) -> dict[str, Any]:
         if not self.namespace:
@@ -212,9 +189,9 @@ class _Rank:
                 {
                     "__name__": "__main__",
                     "__builtins__": __builtins__,
-                    "rank": self.spec["rank"],
-                    "world_size": self.common["world_size"],
-                    "local_rank": int(os.environ.get("LOCAL_RANK", self.spec["rank"])),
+                    "rank": self.rank,
+                    "world_size": self.group.world_size,
+                    "local_rank": int(os.environ.get("LOCAL_RANK", self.rank)),
                     "torch": torch,
                     "dist": dist,
                 }
@@ -237,86 +214,93 @@ class _Rank:
             return eval(compile(last, filename, "eval"), namespace)
         return None
 
-    def handle(self, message: dict) -> None:
+    def _run(self, request: Request) -> Any:
         import cloudpickle
 
-        op, rid = message["op"], message.get("id")
-        inst = getattr(self, "inst", None)
+        if isinstance(request, Call):
+            fn, args, kwargs = cloudpickle.loads(request.payload)
+            return fn(self.rank, self.group.world_size, *args, **kwargs)
+        if isinstance(request, Exec):
+            return self._exec(request.source, request.filename)
+        if isinstance(request, Push):
+            self._namespace().update(cloudpickle.loads(request.payload))
+            return None
+        if isinstance(request, Pull):
+            namespace = self._namespace()
+            missing = [n for n in request.names if n not in namespace]
+            if missing:
+                raise NameError(
+                    f"rank {self.rank} has no variable named {missing[0]!r}; "
+                    "set it in a %%distributed cell or with push() first"
+                )
+            return [namespace[n] for n in request.names]
+        raise TypeError(f"unknown request {request!r}")
+
+    def handle(self, request: Request) -> None:
+        import cloudpickle
+
+        inst = self.inst
         if inst is not None:
             inst.take_events()
-            inst.tracing = bool(message.get("trace"))
+            inst.tracing = request.trace
         try:
-            if op == "call":
-                fn, args, kwargs = cloudpickle.loads(message["payload"])
-                result = fn(self.spec["rank"], self.common["world_size"], *args, **kwargs)
-            elif op == "exec":
-                result = self._exec(message["source"], message["filename"])
-            elif op == "push":
-                self._namespace().update(cloudpickle.loads(message["payload"]))
-                result = None
-            elif op == "pull":
-                namespace = self._namespace()
-                missing = [n for n in message["names"] if n not in namespace]
-                if missing:
-                    raise NameError(
-                        f"rank {self.spec['rank']} has no variable named {missing[0]!r}; "
-                        "set it in a %%distributed cell or with push() first"
-                    )
-                result = [namespace[n] for n in message["names"]]
-            else:
-                raise ValueError(f"unknown request {op!r}")
+            value = self._run(request)
         except BaseException as exc:  # noqa: BLE001 - every failure goes home
-            sys.stdout.flush()
-            sys.stderr.flush()
-            self.send({"ev": "error", "id": rid, "error": describe_exception(exc)})
+            self._finish(Failure(self.rank, request.id, RankException.capture(exc, _THIS_FILE)))
             if isinstance(exc, SystemExit):
                 raise
             return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if op == "exec":  # a cell's value is shown, so its text always goes home
+        # A cell's value is shown, so its text always goes home.
+        text = None
+        if isinstance(request, Exec) and value is not None:
             try:
-                text = None if result is None else repr(result)
+                text = repr(value)
             except Exception as exc:  # noqa: BLE001
                 text = f"<repr failed: {exc}>"
-            try:
-                data = cloudpickle.dumps(_to_cpu(result), protocol=5)
-            except Exception:  # noqa: BLE001 - shown by its repr only
-                data = None
-            self.send({"ev": "result", "id": rid, "data": data, "repr": text})
-            return
         try:
-            data = cloudpickle.dumps(_to_cpu(result), protocol=5)
+            data = cloudpickle.dumps(_to_cpu(value), protocol=5)
         except Exception as exc:  # noqa: BLE001
-            error = describe_exception(exc)
-            error["message"] = (
-                f"the return value ({type(result).__name__}) could not be sent back to the "
-                f"notebook: {exc}. Return tensors, numbers, strings, or lists, tuples and "
-                "dicts of them."
-            )
-            self.send({"ev": "error", "id": rid, "error": error})
-            return
-        self.send({"ev": "result", "id": rid, "data": data})
+            if isinstance(request, Exec):  # shown by its repr only
+                data = None
+            else:
+                error = RankException.capture(exc, _THIS_FILE)
+                error.message = (
+                    f"the return value ({type(value).__name__}) could not be sent back to the "
+                    f"notebook: {exc}. Return tensors, numbers, strings, or lists, tuples and "
+                    "dicts of them."
+                )
+                self._finish(Failure(self.rank, request.id, error))
+                return
+        self._finish(Result(self.rank, request.id, data, text))
+
+    def _finish(self, reply: Result | Failure) -> None:
+        """Send a request's reply, with its trace, after everything it printed."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        inst = self.inst
+        if isinstance(reply, Result) and inst is not None and inst.tracing:
+            reply.trace = inst.take_events()
+        if inst is not None:
+            inst.tracing = False
+        self.send(reply)
 
 
-def main(spec: dict, common: dict, fds: list[int], parent: int) -> None:
+def main(spec: RankSpec, group: GroupSpec, fds: list[int], parent: int) -> None:
     """Run one rank. Never returns: the process exits here."""
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
     _die_with_parent(parent)
-    rank = _Rank(spec, common, fds)
+    rank = _Rank(spec, group, fds)
     code = 0
     try:
         rank.setup_process()
-        if common["init"]:
+        if group.init:
             try:
                 rank.init_process_group()
             except BaseException as exc:  # noqa: BLE001
-                error = describe_exception(exc, skip_own_frames=False)
-                error["phase"] = "init"
-                rank.send({"ev": "error", "id": None, "error": error})
+                rank.send(Failure(spec.rank, None, RankException.capture(exc, phase="init")))
                 raise SystemExit(1)
         rank.instrument()
         rank.serve()

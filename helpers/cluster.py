@@ -21,7 +21,6 @@ so: :meth:`Cluster.restart` then gives a fresh group in a second or two.
 
 from __future__ import annotations
 
-import pickle
 import signal
 import sys
 import time
@@ -30,11 +29,12 @@ from typing import Any, Callable, Sequence
 from . import diagnose
 from ._factory import get_factory
 from ._group import Outcome, RankGroup
-from ._report import earliest, hang_report, rank_failure
+from ._report import outcome_error
 from .backend import Choice, resolve_backend
 from .errors import LaunchError, signal_name
-from .launcher import default_timeout, serialize, serialize_call, validate_world
+from .launcher import default_timeout, serialize, serialize_call, trace_of, validate_world
 from .output import OutputRouter, OutputSpec
+from .protocol import Call, Death, Exec, Pull, Push, Request
 from .trace import Trace
 from .view import RankOutputView, choose_view
 
@@ -106,9 +106,8 @@ class Cluster:
             factory,
             self.world_size,
             backend=self.choice.name,
+            timeout=self.timeout,
             nnodes=self.nnodes,
-            init=True,
-            pg_timeout=self.timeout + 30.0,
             router=router,
             devices=list(self.choice.devices) if self.choice.devices else None,
         )
@@ -116,7 +115,14 @@ class Cluster:
         started = time.perf_counter()
         try:
             group.start()
-            self._wait_ready(max(self.timeout, 60.0))
+            limit = max(self.timeout, 60.0)
+            outcome = group.wait_ready(limit)
+            if not outcome.ok:
+                stopped = [r for r in group.live if outcome.cause is None or r != outcome.cause.rank]
+                note = (f"The other ranks ({', '.join(map(str, stopped))}) were stopped." if outcome.cause and stopped
+                        else "" if outcome.cause else "All ranks were stopped.")
+                raise outcome_error(outcome, self.world_size, limit, what="Starting the ranks", note=note,
+                                    stopped=stopped)
         except BaseException:
             self._group = None
             group.stop()
@@ -128,24 +134,6 @@ class Cluster:
                 f"{self.choice.describe(self.world_size)} in {time.perf_counter() - started:.2f} s."
             )
         return self
-
-    def _wait_ready(self, timeout: float) -> None:
-        group = self._group
-        deadline = time.monotonic() + timeout
-        while any(s.state == "starting" for s in group.ranks):
-            if group.factory_dead:
-                raise ClusterError(group.factory_dead)
-            if time.monotonic() > deadline:
-                dumps = group.dump_stacks([s.rank for s in group.ranks if s.state == "starting"])
-                raise hang_report(dumps, {}, [], self.world_size, timeout, what="Starting the ranks")
-            group.poll(0.1)
-            failures = [e for e in group.take_events() if e["ev"] in ("error", "exit")]
-            if failures:
-                cause = earliest(failures)
-                if cause["ev"] == "exit":
-                    group.drain(cause["rank"])
-                    cause = next((e for e in group.take_events() if e["ev"] == "error"), cause)
-                raise rank_failure(cause, self.world_size, [r for r in group.live if r != cause["rank"]])
 
     def shutdown(self) -> None:
         """Stop every rank (their variables are lost)."""
@@ -218,13 +206,18 @@ class Cluster:
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
         payload = serialize_call(fn, args, kwargs)
-        replies = self._request({"op": "call", "payload": payload, "trace": trace}, ranks, timeout)
-        return self._results([pickle.loads(m["data"]) for m in replies], replies, trace)
+        outcome = self._request(Call(0, payload, trace), ranks, timeout)
+        return self._results(outcome, self._targets(ranks), trace)
 
-    def _results(self, values: list[Any], replies: list[dict], trace: bool) -> Results:
-        out = Results(values)
+    def _results(self, outcome: Outcome, targets: list[int], trace: bool, display: bool = False) -> Results:
+        out = Results()
+        for r in targets:
+            reply = outcome.replies[r]
+            if display and reply.text is not None:
+                self._last_router.note(f"[rank {r}] Out: {reply.text}")
+            out.append(reply.value())
         if trace:
-            out.trace = Trace.from_replies(self.world_size, {m["rank"]: m.get("trace", []) for m in replies})
+            out.trace = trace_of(self.world_size, outcome)
         return out
 
     def exec(
@@ -248,14 +241,8 @@ class Cluster:
         if not isinstance(source, str):
             raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
         filename = filename or _cache_source(source)
-        request = {"op": "exec", "source": source, "filename": filename, "trace": trace}
-        replies = self._request(request, ranks, timeout)
-        values = []
-        for m in replies:
-            if display and m.get("repr") is not None:
-                self._last_router.note(f"[rank {m['rank']}] Out: {m['repr']}")
-            values.append(pickle.loads(m["data"]) if m.get("data") is not None else m.get("repr"))
-        return self._results(values, replies, trace)
+        outcome = self._request(Exec(0, source, filename, trace), ranks, timeout)
+        return self._results(outcome, self._targets(ranks), trace, display=display)
 
     def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
         """Set variables in the ranks' namespaces.
@@ -277,17 +264,17 @@ class Cluster:
                     )
             for i, r in enumerate(targets):
                 payload = serialize({n: v[i] for n, v in values.items()}, "the pushed values")
-                self._request({"op": "push", "payload": payload}, [r], None)
+                self._request(Push(0, payload), [r], None)
             return
         payload = serialize(values, "the pushed values")
-        self._request({"op": "push", "payload": payload}, targets, None)
+        self._request(Push(0, payload), targets, None)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
         """The value of variable ``name`` on every rank (or ``ranks``), in rank order."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"pull() needs a variable name like 'x'; got {name!r}.")
-        replies = self._request({"op": "pull", "names": [name]}, ranks, None)
-        return [pickle.loads(m["data"])[0] for m in replies]
+        outcome = self._request(Pull(0, [name]), ranks, None)
+        return [outcome.replies[r].value()[0] for r in self._targets(ranks)]
 
     # -- machinery --------------------------------------------------------------------
 
@@ -320,15 +307,11 @@ class Cluster:
         self._last_router = router
         return router
 
-    def _request(self, message: dict, ranks: Sequence[int] | None, timeout: float | None) -> list[dict]:
+    def _usable_group(self, targets: list[int]) -> RankGroup:
+        """The running group, once every targeted rank can take a request; else why not."""
         group = self._group
         if group is None:
-            raise ClusterError(
-                "the cluster is not running. Start it with cluster.start() (or %dist_start)."
-            )
-        targets = self._targets(ranks)
-        timeout = self.timeout if timeout is None else float(timeout)
-        validate_world(self.world_size, self.nnodes, timeout)
+            raise ClusterError("the cluster is not running. Start it with cluster.start() (or %dist_start).")
         group.poll(0)  # collect anything that happened since the last request
         group.take_events()
         for r in targets:
@@ -349,21 +332,25 @@ class Cluster:
                     "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
                     "for a fresh group, or target other ranks with --ranks."
                 )
+        return group
+
+    def _request(self, request: Request, ranks: Sequence[int] | None, timeout: float | None) -> Outcome:
+        targets = self._targets(ranks)
+        timeout = self.timeout if timeout is None else float(timeout)
+        validate_world(self.world_size, self.nnodes, timeout)
+        group = self._usable_group(targets)
         group.router.flush()
         group.router = self._router(targets)
-        # Where each rank's diagnostics stream stands now: a failure report shows only what
-        # the rank wrote during this request, not a stack dumped for an earlier cell.
-        marks = {r: len(group.ranks[r].diag) for r in targets}
         try:
-            outcome = group.request(message, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
+            outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
         except KeyboardInterrupt:
             self._interrupt([r for r in targets if group.ranks[r].state == "busy"])
             raise
         finally:
             group.router.flush()
-        if outcome.pending or outcome.failures:
-            self._raise(outcome, message["op"], timeout, marks)
-        return [outcome.replies[r] | {"rank": r} for r in targets]
+        if not outcome.ok:
+            raise self._error(outcome, request, timeout)
+        return outcome
 
     def _interrupt(self, busy: list[int], announce: bool = True) -> list[int]:
         """Send SIGINT to busy ranks; returns those still busy after a short wait."""
@@ -387,55 +374,31 @@ class Cluster:
             )
         return stuck
 
-    def _raise(self, outcome: Outcome, what: str, timeout: float, marks: dict[int, int]) -> None:
-        group = self._group
-        done = sorted(outcome.replies)
-        if outcome.failures:
-            cause = earliest(outcome.failures)
-            stuck: list[int] = []
-            dumps: dict[int, str] = {}
-            if outcome.pending:
-                dumps = group.dump_stacks(outcome.pending)
-                stuck = self._interrupt(outcome.pending, announce=False)
-            diag = group.ranks[cause["rank"]].diag[marks.get(cause["rank"], 0):]
-            error = rank_failure(cause, self.world_size, [], bytes(diag).decode("utf-8", "replace"))
-            extra = []
-            if done:
-                extra.append(f"Rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished this request.")
-            if stuck:
-                waits = [
-                    diagnose.summarize(r, diagnose.main_stack(dumps.get(r, ""), group.ranks[r].main_thread))
-                    for r in stuck
-                ]
-                extra.append("Still blocked: " + "; ".join(waits) + ".")
-                extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
-            elif cause["ev"] == "exit":
-                extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
-            else:
-                extra.append("The other ranks keep their variables.")
-            error.message += "\n\n" + " ".join(extra)
-            error.args = (error.message,)
-            raise error
-        board = group.read_board()
-        dumps = group.dump_stacks(outcome.pending)
+    def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
+        """Interrupt the ranks still running, then the error for the request, saying what
+        state the group is left in."""
         stuck = self._interrupt(outcome.pending, announce=False)
-        recovery = (
-            "They were interrupted and keep their variables."
-            if not stuck
-            else f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} could not be "
-            "interrupted (blocked in a communication call): run %dist_restart (or "
-            "cluster.restart()) for a fresh group."
-        )
-        raise hang_report(
-            dumps,
-            {s.rank: s.main_thread for s in group.ranks},
-            done,
-            self.world_size,
-            timeout,
-            what="The cell" if what == "exec" else "The call",
-            recovery=recovery,
-            board=board,
-        )
+        ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
+        if outcome.cause is None:
+            note = ("They were interrupted and keep their variables." if not stuck else
+                    f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
+                    "%dist_restart (or cluster.restart()) for a fresh group.")
+            what = "The cell" if isinstance(request, Exec) else "The call"
+            return outcome_error(outcome, self.world_size, timeout, what=what, note=note)
+        extra = []
+        if outcome.finished:
+            extra.append(f"{ranks(outcome.finished)} finished this request.")
+        if stuck:
+            board = {rec.rank: rec.phase for rec in outcome.board}
+            waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),
+                                        board.get(r)) for r in stuck]
+            extra.append("Still blocked: " + "; ".join(waits) + ".")
+            extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
+        elif isinstance(outcome.cause, Death):
+            extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
+        else:
+            extra.append("The other ranks keep their variables.")
+        return outcome_error(outcome, self.world_size, timeout, note=" ".join(extra))
 
 
 class _ViewRouter(OutputRouter):

@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from .errors import cell_label
+from .protocol import COLLECTIVES, BoardRecord
 
 __all__ = [
     "parse_dump",
@@ -33,6 +34,7 @@ __all__ = [
     "format_stack",
     "summarize",
     "call_text",
+    "RECEIVE_FIRST",
     "wait_for_graph",
     "find_cycle",
     "explain_hang",
@@ -86,10 +88,6 @@ def _is_distributed(filename: str) -> bool:
 is_distributed = _is_distributed
 
 
-# What a rank does in _rank.py before it calls the learner's function.
-_SETUP_STEPS = ("setup_process", "init_process_group")
-
-
 def _is_bootstrap(frame: dict[str, Any], frames: list[dict[str, Any]]) -> bool:
     # The factory runs as `python -c "...serve(fd)"`: every rank's outermost frame is that
     # "<string>" module, which is ours, not the learner's.
@@ -100,10 +98,8 @@ def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """Where a rank is blocked: the torch.distributed call and the learner's frame.
 
     Returns a dict with ``call`` (name of the outermost torch.distributed function on the
-    stack, or None), ``user`` (the innermost frame outside torch and this package, or None),
-    ``starting`` (True when the rank was still setting up, before calling any of the
-    learner's code) and ``idle`` (True when the rank was waiting for the notebook, not
-    running code).
+    stack, or None) and ``user`` (the innermost frame outside torch and this package, or
+    None). What the rank was doing overall (starting, idle, running) is on the board.
     """
     call = None
     user = None
@@ -116,15 +112,7 @@ def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
         elif user is None and not _is_torch(filename) and not _is_ours(filename) and not _is_bootstrap(frame, frames):
             user = frame
             break
-    starting = user is None and any(_is_ours(f["filename"]) and f["name"] in _SETUP_STEPS for f in frames)
-    idle = (
-        not starting
-        and user is None
-        and bool(frames)
-        and _is_ours(frames[0]["filename"])
-        and frames[0]["name"] in ("_read_exact", "read_frame")
-    )
-    return {"call": call, "user": user, "starting": starting, "idle": idle}
+    return {"call": call, "user": user}
 
 
 def frame_label(frame: dict[str, Any]) -> str:
@@ -154,27 +142,28 @@ def format_stack(frames: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def summarize(rank: int, frames: list[dict[str, Any]]) -> str:
-    """One sentence: where this rank waits."""
+def summarize(rank: int, frames: list[dict[str, Any]], phase: str | None = None) -> str:
+    """One sentence: where this rank waits. ``phase`` is its board phase, when known."""
+    if phase == "starting":
+        return (f"rank {rank} was still starting: it had not finished joining the process group, "
+                "so your function never ran there")
+    if phase == "ready":
+        return f"rank {rank} was idle, waiting for work"
     if not frames:
         return f"rank {rank}: no stack could be read (it may be stuck outside Python)"
     where = describe_wait(frames)
-    user = where["user"]
-    at = ""
-    if user is not None:
-        code = source_line(user)
-        at = f" at {frame_label(user)}" + (f": {code}" if code else "")
-    if where["starting"]:
-        inside = f", in torch.distributed.{where['call']}()" if where["call"] else ""
-        return (
-            f"rank {rank} was still starting: it had not finished joining the process group{inside}, "
-            "so your function never ran there"
-        )
+    at = _at(where["user"])
     if where["call"]:
         return f"rank {rank} waits in torch.distributed.{where['call']}(){at}"
-    if where["idle"]:
-        return f"rank {rank} was idle, waiting for work"
     return f"rank {rank} is running{at}"
+
+
+def _at(user: dict[str, Any] | None) -> str:
+    """`` at Cell In[3], line 4, in ring: dist.recv(t, 1)`` for the learner's frame."""
+    if user is None:
+        return ""
+    code = source_line(user)
+    return f" at {frame_label(user)}" + (f": {code}" if code else "")
 
 
 # --------------------------------------------------------------------------------------
@@ -183,43 +172,42 @@ def summarize(rank: int, frames: list[dict[str, Any]]) -> str:
 
 _PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadcast": "src",
               "scatter": "src", "broadcast_object_list": "src", "scatter_object_list": "src"}
+_RECEIVES = ("recv", "irecv", "recv_object_list")
+#: The words a hang report uses for a cycle of ranks that all receive first.
+RECEIVE_FIRST = "every rank is receiving before anyone sends"
 
 
-def call_text(record: dict[str, Any]) -> str:
+def call_text(record: BoardRecord) -> str:
     """``recv(src=1)``, ``wait() on irecv(src=1)``, ``all_reduce`` from a board record."""
-    op = record.get("op")
+    op = record.call
     if op is None:
         return "?"
-    peer = record.get("peer")
-    if peer is not None:
-        word = _PEER_WORD.get(op, "dst")
-        text = f"{op}({word}={peer})"
+    if record.peer is not None:
+        text = f"{op}({_PEER_WORD.get(op, 'dst')}={record.peer})"
     else:
-        text = f"{op}()" if op in ("recv", "irecv") else op
-    if record.get("state") == "wait":
+        text = f"{op}()" if op in _RECEIVES else op
+    if record.phase == "wait":
         text = f"wait() on {text}" if op != "wait" else "wait()"
     return text
 
 
-def wait_for_graph(board: list[dict[str, Any]], busy: list[int], finished: list[int]) -> dict[int, list[int]]:
+def _in_same_collective(a: BoardRecord, b: BoardRecord) -> bool:
+    return b.in_call and b.call == a.call and b.seq == a.seq
+
+
+def wait_for_graph(board: list[BoardRecord], busy: list[int], finished: list[int]) -> dict[int, list[int]]:
     """Edges rank -> ranks it waits for, from what each busy rank is blocked in."""
     edges: dict[int, list[int]] = {}
     n = len(board)
     for r in busy:
         rec = board[r] if r < n else None
-        if rec is None or rec["state"] == "idle" or rec["op"] is None:
+        if rec is None or not rec.in_call:
             continue
-        op, peer = rec["op"], rec["peer"]
-        from ._instrument import COLLECTIVE_OPS
-
-        if op in COLLECTIVE_OPS:
-            members = rec["members"] or list(range(n))
-            edges[r] = [
-                m for m in members
-                if m != r and not (m in busy and board[m]["op"] == op and board[m]["seq"] == rec["seq"] and board[m]["state"] != "idle")
-            ]
-        elif peer is not None:
-            edges[r] = [peer]
+        if rec.call in COLLECTIVES:
+            members = rec.members or list(range(n))
+            edges[r] = [m for m in members if m != r and not (m in busy and _in_same_collective(rec, board[m]))]
+        elif rec.peer is not None:
+            edges[r] = [rec.peer]
     return edges
 
 
@@ -251,58 +239,56 @@ def find_cycle(edges: dict[int, list[int]]) -> list[int] | None:
 
 
 def explain_hang(
-    board: list[dict[str, Any]],
+    board: list[BoardRecord],
     frames: dict[int, list[dict[str, Any]]],
     busy: list[int],
     finished: list[int],
 ) -> tuple[dict[int, str], list[str]]:
     """Per busy rank, where it waits; and the conclusions (cycle, missing collective)."""
+    records = {r: board[r] for r in busy if r < len(board)}
     lines: dict[int, str] = {}
     for r in busy:
-        rec = board[r] if r < len(board) else None
-        stack = frames.get(r, [])
-        where = describe_wait(stack) if stack else {"user": None, "call": None, "starting": False, "idle": False}
-        user = where["user"]
-        at = ""
-        if user is not None:
-            code = source_line(user)
-            at = f" at {frame_label(user)}" + (f": {code}" if code else "")
-        if rec is not None and rec["state"] != "idle" and rec["op"]:
-            lines[r] = f"rank {r} waits in {call_text(rec)}{at}"
+        rec, stack = records.get(r), frames.get(r, [])
+        if rec is not None and rec.in_call:
+            lines[r] = f"rank {r} waits in {call_text(rec)}{_at(describe_wait(stack)['user'] if stack else None)}"
         else:
-            lines[r] = summarize(r, stack)
+            lines[r] = summarize(r, stack, rec.phase if rec is not None else None)
     edges = wait_for_graph(board, busy, finished) if board else {}
-    notes: list[str] = []
-    from ._instrument import COLLECTIVE_OPS
-
-    # A collective some member never reached.
-    for r in busy:
-        rec = board[r] if board else None
-        if not rec or rec["op"] not in COLLECTIVE_OPS or rec["state"] == "idle":
-            continue
-        for m in edges.get(r, []):
-            if m in finished:
-                note = f"rank {m} never reached {rec['op']}: it already returned"
-            elif m < len(board) and board[m]["op"] and board[m]["state"] != "idle":
-                note = f"rank {m} never reached {rec['op']}; it is in {call_text(board[m])}"
-            else:
-                note = f"rank {m} never reached {rec['op']}"
-            m_user = describe_wait(frames.get(m, []))["user"] if frames.get(m) else None
-            if m_user is not None and m not in finished:
-                note += f" at {frame_label(m_user)}"
-            if note not in notes:
-                notes.append(note)
+    notes = _missing_collective_notes(board, frames, busy, finished, edges)
     cycle = find_cycle(edges)
     if cycle:
         chain = ", ".join(f"rank {a} waits for rank {b}" for a, b in zip(cycle, cycle[1:]))
-        ops = {board[r]["op"] for r in cycle[:-1] if board[r]["op"]}
-        if ops and ops <= {"recv", "irecv", "recv_object_list"} and not any(board[r]["state"] == "wait" and board[r]["op"] in ("isend",) for r in cycle[:-1]):
-            notes.append(f"Wait-for cycle: {chain}: every rank is receiving before anyone sends.")
+        calls = {board[r].call for r in cycle[:-1] if board[r].call}
+        if calls and calls <= set(_RECEIVES):
+            notes.append(f"Wait-for cycle: {chain}: {RECEIVE_FIRST}.")
         else:
             notes.append(f"Wait-for cycle: {chain}: none of them can go on.")
     for r in busy:
         for m in edges.get(r, []):
-            rec = board[r]
-            if m in finished and rec["op"] not in COLLECTIVE_OPS:
+            if m in finished and board[r].call not in COLLECTIVES:
                 notes.append(f"rank {r} waits for rank {m}, which already returned: rank {m} never made the matching call.")
     return lines, notes
+
+
+def _missing_collective_notes(board: list[BoardRecord], frames: dict[int, list[dict[str, Any]]],
+                              busy: list[int], finished: list[int], edges: dict[int, list[int]]) -> list[str]:
+    """A collective some member never reached: where that member is instead."""
+    notes: list[str] = []
+    for r in busy:
+        rec = board[r] if r < len(board) else None
+        if rec is None or not rec.in_call or rec.call not in COLLECTIVES:
+            continue
+        for m in edges.get(r, []):
+            other = board[m] if m < len(board) else None
+            if m in finished:
+                note = f"rank {m} never reached {rec.call}: it already returned"
+            elif other is not None and other.in_call:
+                note = f"rank {m} never reached {rec.call}; it is in {call_text(other)}"
+            else:
+                note = f"rank {m} never reached {rec.call}"
+            m_user = describe_wait(frames[m])["user"] if frames.get(m) else None
+            if m_user is not None and m not in finished:
+                note += f" at {frame_label(m_user)}"
+            if note not in notes:
+                notes.append(note)
+    return notes

@@ -28,6 +28,7 @@ __all__ = [
     "RankFailedError",
     "LaunchTimeoutError",
     "BackendUnavailableError",
+    "ForbiddenCallError",
     "cell_label",
 ]
 
@@ -116,3 +117,23 @@ class LaunchTimeoutError(LaunchError, TimeoutError):
 
 class BackendUnavailableError(LaunchError, ValueError):
     """The requested backend cannot run here (for example nccl without enough GPUs)."""
+
+
+class ForbiddenCallError(RuntimeError):
+    """Raised inside a rank when the code calls something the launch switched off.
+
+    Exercises that ask for a hand-made collective run with the built-in ones switched
+    off (``launch(..., forbid=...)``). ``call`` names what was called (for example
+    ``"torch.distributed.all_reduce"`` or ``"ProcessGroup.allreduce"``), ``reason`` is the
+    sentence the launch gave for switching it off. It travels home pickled, so the
+    notebook side can test ``isinstance(err.original, ForbiddenCallError)`` on a
+    :class:`RankFailedError`.
+    """
+
+    def __init__(self, call: str, reason: str) -> None:
+        super().__init__(f"{call} is switched off here: {reason}")
+        self.call = call
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.reason))

@@ -23,20 +23,25 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from ._factory import get_factory
-from ._group import RankGroup
-from ._report import earliest, hang_report, in_distributed_call, rank_failure
+from ._group import Outcome, RankGroup
+from ._report import outcome_error
 from .backend import resolve_backend
 from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
+from .protocol import COLLECTIVES, DDP, POINT_TO_POINT, Call, Request
 from .trace import Trace
 
-__all__ = ["launch", "LaunchResult", "validate_world", "serialize", "serialize_call"]
+__all__ = ["launch", "LaunchResult", "Forbid", "validate_world", "serialize", "serialize_call", "forbid_reasons"]
 
 _INTERRUPT_STEPS = ((signal.SIGINT, 0.5), (signal.SIGTERM, 0.5))
+_DEFAULT_FORBID_REASON = "this launch switched it off"
 _last_announcement: str | None = None
+
+#: What ``forbid=`` takes: call names, or call names mapped to the reason a learner reads.
+Forbid = Union[Sequence[str], Mapping[str, str]]
 
 
 class LaunchResult(list):
@@ -82,6 +87,23 @@ def validate_world(world_size: Any, nnodes: Any = 1, timeout: Any = 60.0) -> Non
         raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
 
 
+def forbid_reasons(forbid: Forbid) -> dict[str, str]:
+    """``forbid=`` as a dict of call name -> reason; raises for names that cannot be switched off."""
+    if isinstance(forbid, str):
+        raise TypeError(f"forbid takes a list of call names, like forbid=['all_reduce']; got the string {forbid!r}.")
+    reasons = dict(forbid) if isinstance(forbid, Mapping) else dict.fromkeys(forbid, _DEFAULT_FORBID_REASON)
+    known = POINT_TO_POINT + COLLECTIVES + (DDP,)
+    for name, reason in reasons.items():
+        if name not in known:
+            raise ValueError(
+                f"forbid names {name!r}, which is not a call the helpers can switch off. Use names from "
+                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, or helpers.DDP for DistributedDataParallel."
+            )
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"forbid[{name!r}] must be a sentence saying why it is switched off; got {reason!r}.")
+    return reasons
+
+
 def serialize(obj: Any, what: str) -> bytes:
     """Pickle ``obj`` by value (cloudpickle) for the ranks; ``what`` names it in errors."""
     import cloudpickle
@@ -102,32 +124,13 @@ def serialize_call(fn: Callable, args: Sequence, kwargs: dict | None = None) -> 
     return serialize((fn, tuple(args), dict(kwargs or {})), f"{name!r} and its arguments")
 
 
-def _with_deaths(group: RankGroup, failures: list[dict], grace: float = 0.5) -> list[dict]:
-    """The failures, plus ranks that died just now, when the first error may be an echo.
-
-    When a rank dies, its peers' pending collectives fail at once ("Connection reset by
-    peer"), and those errors can arrive before the factory reports the death. So when the
-    first failure was raised inside torch.distributed, wait briefly for a death to report.
-    """
-    if any(f["ev"] == "exit" for f in failures) or not in_distributed_call(earliest(failures)):
-        return failures
-    failures = list(failures)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        group.poll(0.02)
-        died = False
-        for event in group.take_events():
-            if event["ev"] == "exit" and event["rank"] not in {f["rank"] for f in failures}:
-                group.drain(event["rank"])  # an error it sent as it died is its own, not an echo
-                late = [e for e in group.take_events() if e["ev"] == "error" and e["rank"] == event["rank"]]
-                failures.append(late[-1] if late else event)
-                died = True
-        if died:
-            break
-    return failures
+def trace_of(world_size: int, outcome: Outcome) -> Trace:
+    """The trace of a traced request, from the events every rank sent with its result."""
+    return Trace.from_events(world_size, (e for reply in outcome.replies.values() for e in reply.trace))
 
 
-def _announce(router: OutputRouter, text: str) -> None:
+def announce(router: OutputRouter, text: str) -> None:
+    """Print a one-line notice, unless it is the same as the last one."""
     global _last_announcement
     if text != _last_announcement and router.note(text):
         _last_announcement = text
@@ -146,8 +149,7 @@ def launch(
     max_lines: int = 1000,
     kwargs: dict[str, Any] | None = None,
     trace: bool = False,
-    forbid: Sequence[str] = (),
-    forbid_reason: str = "",
+    forbid: Forbid = (),
 ) -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
 
@@ -180,9 +182,11 @@ def launch(
     trace:
         Record every torch.distributed call on every rank; the result's ``.trace`` is a
         :class:`~helpers.trace.Trace`.
-    forbid, forbid_reason:
-        Names of collectives (``"all_reduce"``, ...) that raise ``forbid_reason`` on the
-        ranks, also through the process-group object: for exercises that build them.
+    forbid:
+        Calls to switch off on the ranks: names from :data:`helpers.COLLECTIVES` (also
+        switched off on the process-group object), :data:`helpers.POINT_TO_POINT`, or
+        :data:`helpers.DDP`; as a list, or a dict mapping each name to the reason the
+        learner reads. Calling one raises :class:`~helpers.ForbiddenCallError` there.
 
     Returns
     -------
@@ -198,79 +202,68 @@ def launch(
     BackendUnavailableError, ValueError
         Bad arguments, raised before any rank starts.
     """
-    if not callable(fn):
-        raise TypeError(
-            f"launch() needs a function to run on every rank as its first argument; got "
-            f"{type(fn).__name__} {fn!r}. Define def work(rank, world_size): ... and call launch(work, {world_size!r})."
-        )
     timeout = default_timeout() if timeout is None else timeout
-    validate_world(world_size, nnodes, timeout)
-    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
-        raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
+    _check_arguments(fn, world_size, args, nnodes, timeout)
+    reasons = forbid_reasons(forbid)
     router = OutputRouter(output, max_lines=max_lines)
     payload = serialize_call(fn, args, kwargs)
     started = time.perf_counter()
     factory = get_factory()
     choice = resolve_backend(backend, world_size, factory.info)
-    _announce(router, f"Launching {world_size} rank{'s' if world_size > 1 else ''} on {choice.describe(world_size)}"
-              + (f", {nnodes} simulated hosts" if nnodes > 1 else ""))
-    group = RankGroup(
-        factory,
-        world_size,
-        backend=choice.name,
-        nnodes=nnodes,
-        init=init,
-        pg_timeout=timeout + 30.0,  # our own timeout must fire first, with a diagnosis
-        router=router,
-        devices=list(choice.devices) if choice.devices else None,
-        forbid=tuple(forbid),
-        forbid_reason=forbid_reason,
-    )
+    announce(router, f"Launching {world_size} rank{'s' if world_size > 1 else ''} on {choice.describe(world_size)}"
+             + (f", {nnodes} simulated hosts" if nnodes > 1 else ""))
+    group = RankGroup(factory, world_size, backend=choice.name, timeout=timeout, nnodes=nnodes, init=init,
+                      router=router, devices=list(choice.devices) if choice.devices else None, forbid=reasons)
+    outcome = _run_once(group, Call(0, payload, trace), timeout)
+    results = LaunchResult(outcome.replies[r].value() for r in range(world_size))
+    results.output = {r: router.text(r) for r in range(world_size)}
+    results.backend = choice.name
+    results.seconds = time.perf_counter() - started
+    results.trace = trace_of(world_size, outcome) if trace else None
+    return results
+
+
+def _check_arguments(fn: Any, world_size: Any, args: Any, nnodes: Any, timeout: Any) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"launch() needs a function to run on every rank as its first argument; got "
+            f"{type(fn).__name__} {fn!r}. Define def work(rank, world_size): ... and call launch(work, {world_size!r})."
+        )
+    validate_world(world_size, nnodes, timeout)
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
+
+
+def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
+    """Start the group, run one request on every rank, and end the group whatever happens."""
     try:
         group.start()
-        request = {"op": "call", "payload": payload, "trace": bool(trace)}
-        outcome = group.request(request, list(range(world_size)), timeout)
-        if outcome.failures:
-            cause = earliest(_with_deaths(group, outcome.failures))
-            others = [r for r in group.live if r != cause["rank"]]
+        outcome = group.request(request, list(range(group.world_size)), timeout)
+        if not outcome.ok:
+            stopped = [r for r in group.live if outcome.cause is None or r != outcome.cause.rank]
             group.stop()
-            diag = bytes(group.ranks[cause["rank"]].diag).decode("utf-8", "replace")
-            raise rank_failure(cause, world_size, others, diag)
-        if outcome.pending:
-            board = group.read_board()
-            dumps = group.dump_stacks(outcome.pending)
-            finished = sorted(outcome.replies)
-            group.stop()
-            raise hang_report(
-                dumps,
-                {s.rank: s.main_thread for s in group.ranks},
-                finished,
-                world_size,
-                timeout,
-                what="The ranks",
-                board=board,
-            )
-        import pickle
-
-        results = LaunchResult(pickle.loads(outcome.replies[r]["data"]) for r in range(world_size))
+            raise outcome_error(outcome, group.world_size, timeout, note=_stopped_note(outcome, stopped),
+                                stopped=stopped)
         group.close()
+        return outcome
     except KeyboardInterrupt:
         live = group.live
         group.stop(_INTERRUPT_STEPS)
         group.close()
         if live:
-            router.note(f"Interrupted: stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}.")
+            group.router.note(f"Interrupted: stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}.")
         raise
     except BaseException:
         group.stop()
         group.close()
         raise
-    results.output = {r: router.text(r) for r in range(world_size)}
-    results.backend = choice.name
-    results.seconds = time.perf_counter() - started
-    results.trace = (
-        Trace.from_replies(world_size, {r: outcome.replies[r].get("trace", []) for r in range(world_size)})
-        if trace
-        else None
-    )
-    return results
+
+
+def _stopped_note(outcome: Outcome, stopped: list[int]) -> str:
+    if outcome.cause is None:
+        return "All ranks were stopped."
+    if not stopped:
+        return ""
+    names = ", ".join(map(str, stopped))
+    many = len(stopped) > 1
+    return f"The other rank{'s' if many else ''} ({names}) {'were' if many else 'was'} stopped."

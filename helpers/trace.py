@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
+
+from .protocol import TraceEvent
 
 __all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS"]
 
@@ -46,50 +48,8 @@ _COLORS = {
     "barrier": "#7f7f7f",
 }
 
-
-@dataclass
-class Event:
-    """One torch.distributed call on one rank.
-
-    ``start``/``end`` bound the call itself; for asynchronous calls (``isend``,
-    ``irecv``, ``async_op=True``) ``waited`` is when ``wait()`` returned, if it was called.
-    """
-
-    rank: int
-    op: str
-    peer: int | None
-    nbytes: int | None
-    dtype: str | None
-    shape: tuple | None
-    start: float
-    end: float
-    async_op: bool = False
-    wait_start: float | None = None
-    waited: float | None = None
-    tag: int = 0
-    group: list[int] | None = None
-    batch: bool = False
-    seq: int | None = None
-    offset: int | None = None
-    base_nbytes: int | None = None
-    reduce_op: str | None = None
-
-    @property
-    def done(self) -> float:
-        """When the operation was known to be complete (end, or the end of its wait)."""
-        return self.waited if self.waited is not None else self.end
-
-    @property
-    def is_send(self) -> bool:
-        return self.op in SEND_OPS
-
-    @property
-    def is_recv(self) -> bool:
-        return self.op in RECV_OPS
-
-    @property
-    def is_p2p(self) -> bool:
-        return self.is_send or self.is_recv
+#: One torch.distributed call on one rank (the record the ranks send home).
+Event = TraceEvent
 
 
 @dataclass
@@ -105,40 +65,20 @@ class Trace:
     )
 
     @classmethod
-    def from_replies(cls, world_size: int, per_rank: dict[int, list[dict]]) -> "Trace":
-        raw = [e for events in per_rank.values() for e in events]
-        t0 = min((e["start"] for e in raw), default=0.0)
-        events = []
-        for e in raw:
-            def rel(x):
-                return None if x is None else x - t0
+    def from_events(cls, world_size: int, events: Iterable[TraceEvent]) -> "Trace":
+        """A trace of the ranks' events, their clock times made relative to the first call."""
+        raw = list(events)
+        t0 = min((e.start for e in raw), default=0.0)
 
-            events.append(
-                Event(
-                    rank=e["rank"],
-                    op=e["op"],
-                    peer=e["peer"],
-                    nbytes=e["nbytes"],
-                    dtype=e["dtype"],
-                    shape=tuple(e["shape"]) if e["shape"] is not None else None,
-                    start=e["start"] - t0,
-                    end=e["end"] - t0,
-                    async_op=e.get("async", False),
-                    wait_start=rel(e.get("wait_start")),
-                    waited=rel(e.get("waited")),
-                    tag=e.get("tag", 0),
-                    group=e.get("group"),
-                    batch=e.get("batch", False),
-                    seq=e.get("seq"),
-                    offset=e.get("offset"),
-                    base_nbytes=e.get("base_nbytes"),
-                    reduce_op=e.get("reduce_op"),
-                )
-            )
-        events.sort(key=lambda ev: (ev.start, ev.rank))
-        return cls(world_size, events)
+        def rel(x: float | None) -> float | None:
+            return None if x is None else x - t0
 
-    # -- counting ---------------------------------------------------------------------
+        shifted = [
+            replace(e, start=e.start - t0, end=e.end - t0, wait_start=rel(e.wait_start), waited=rel(e.waited))
+            for e in raw
+        ]
+        shifted.sort(key=lambda ev: (ev.start, ev.rank))
+        return cls(world_size, shifted)
 
     def for_rank(self, rank: int) -> list[Event]:
         """The events of one rank, in the order it made the calls."""

@@ -137,7 +137,7 @@ def test_ring_that_calls_all_reduce_loses_point_to_point_and_bandwidth(graded):
     points = _points(root, parts)
     scores = _part_scores(root, "carol", parts)
     assert scores == {**points, "point_to_point": 0, "bandwidth": 0}
-    assert "disabled" in _feedback(root, "carol")
+    assert "switched off here" in _feedback(root, "carol")
 
 
 def test_receive_first_deadlock_scores_zero_without_hanging(graded):

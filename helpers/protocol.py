@@ -1,0 +1,553 @@
+"""The contract between the notebook and its ranks: every message and record, typed.
+
+Three processes talk: the notebook (the kernel), the rank factory that forks ranks, and
+the ranks. Everything they send each other is one of the classes below, pickled and
+framed by :mod:`helpers._wire` (ranks) or sent as one packet (factory):
+
+- launch specs, notebook -> factory -> rank: :class:`GroupSpec` (the same for every
+  rank of a group) and :class:`RankSpec` (one per rank);
+- factory requests :class:`Spawn`, :class:`Signal`, :class:`Stop`, and the factory's
+  events :class:`Hello`, :class:`Fatal`, :class:`Spawned`, :class:`Exited`;
+- requests, notebook -> rank: :class:`Call`, :class:`Exec`, :class:`Push`, :class:`Pull`;
+- replies, rank -> notebook: :class:`Ready`, :class:`Result`, :class:`Failure`; and
+  :class:`Death`, which the notebook makes from the factory's :class:`Exited` when a
+  rank ends while something still waited for it;
+- :class:`RankException`: an exception raised in a rank, captured there
+  (:meth:`RankException.capture`) and turned back into the notebook's error
+  (:meth:`Failure.to_error`), both halves here;
+- :class:`BoardRecord` and :class:`Board`: the few bytes per rank, in shared memory,
+  where each rank notes what it is doing right now (so a hang can be explained even
+  while a rank is blocked inside C++);
+- :class:`TraceEvent`: one traced torch.distributed call.
+
+The names of the torch.distributed calls the helpers watch are here too:
+:data:`POINT_TO_POINT`, :data:`COLLECTIVES` and :data:`DATA_COLLECTIVES` (every
+collective that moves data, the set an exercise switches off when it asks for a
+hand-made one).
+
+Example::
+
+    >>> board = Board.create(2)
+    >>> board.post(1, "call", "recv", peer=0, nbytes=16)
+    >>> board.read()[1].call, board.read()[1].peer
+    ('recv', 0)
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .errors import RankFailedError, relabel_traceback, signal_name
+
+__all__ = [
+    "POINT_TO_POINT",
+    "COLLECTIVES",
+    "DATA_COLLECTIVES",
+    "DDP",
+    "CALLS",
+    "FD_NAMES",
+    "GroupSpec",
+    "RankSpec",
+    "Spawn",
+    "Signal",
+    "Stop",
+    "Hello",
+    "Fatal",
+    "Spawned",
+    "Exited",
+    "Call",
+    "Exec",
+    "Push",
+    "Pull",
+    "Request",
+    "Ready",
+    "Result",
+    "Failure",
+    "Death",
+    "Reply",
+    "Frame",
+    "RankException",
+    "BoardRecord",
+    "Board",
+    "TraceEvent",
+]
+
+# --------------------------------------------------------------------------------------
+# The torch.distributed calls the helpers know.
+# --------------------------------------------------------------------------------------
+
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
+COLLECTIVES = (
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+)
+#: Every collective that moves data (all but the barriers): what an exercise that builds
+#: its own collective switches off. The object collectives are in it: they call the others.
+DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitored_barrier"))
+#: Pass this name in ``forbid`` to switch off ``torch.nn.parallel.DistributedDataParallel``.
+DDP = "DistributedDataParallel"
+#: Every call a rank notes on the board (its index is what the board stores).
+CALLS = POINT_TO_POINT + COLLECTIVES + ("wait",)
+
+# --------------------------------------------------------------------------------------
+# Launch specs.
+# --------------------------------------------------------------------------------------
+
+#: The pipes and shared memory each rank receives, in this order.
+FD_NAMES = ("stdout", "stderr", "cmd", "reply", "diag", "board")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What every rank of one group needs to set itself up like a torchrun process."""
+
+    world_size: int
+    backend: str
+    init: bool  # set up the default process group before serving requests
+    pg_timeout: float  # seconds; the process group's own timeout
+    env: dict[str, str]  # the environment every rank starts with
+    cwd: str
+    sys_path: list[str]
+    threads: int  # torch intra-op threads per rank, unless OMP_NUM_THREADS is set
+    sources: dict[str, list[str]]  # notebook cells' source lines, for tracebacks
+    store_path: str | None = None  # the rendezvous FileStore (with init)
+    store_dir: str | None = None  # its folder, removed by the factory if the notebook cannot
+    forbid: dict[str, str] = field(default_factory=dict)  # call name -> why it is switched off
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank's own part of a launch."""
+
+    rank: int
+    fds: list[int]  # indices, in FD_NAMES order, into the descriptors sent with Spawn
+    device: int | None  # the GPU of this rank (nccl), else None
+    env: dict[str, str]  # RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK
+
+
+# --------------------------------------------------------------------------------------
+# Notebook <-> factory.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Fork these ranks (their pipe ends travel with the packet)."""
+
+    gid: int
+    ranks: list[RankSpec]
+    group: GroupSpec
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send ``sig`` to the group's ranks (or only ``ranks``); SIGTERM and SIGKILL reach
+    each rank's whole process group."""
+
+    gid: int
+    sig: int
+    ranks: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Kill every rank and exit."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The factory is ready; ``info`` is what it found on the machine."""
+
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """The factory could not start (``error`` is its traceback)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Spawned:
+    gid: int
+    pids: list[int]
+
+
+@dataclass(frozen=True)
+class Exited:
+    gid: int
+    rank: int
+    pid: int
+    code: int  # negative: killed by that signal
+
+
+# --------------------------------------------------------------------------------------
+# Notebook -> rank: requests.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """Call ``fn(rank, world_size, *args, **kwargs)``; ``payload`` is the cloudpickled
+    ``(fn, args, kwargs)``."""
+
+    id: int
+    payload: bytes
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class Exec:
+    """Run a cell's source in the rank's namespace; the value of its last expression
+    comes back."""
+
+    id: int
+    source: str
+    filename: str
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class Push:
+    """Set variables in the rank's namespace (``payload``: a cloudpickled dict)."""
+
+    id: int
+    payload: bytes
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Send back the values of these variables."""
+
+    id: int
+    names: list[str]
+    trace: bool = False
+
+
+Request = Union[Call, Exec, Push, Pull]
+
+# --------------------------------------------------------------------------------------
+# Rank -> notebook: replies.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The rank is set up and waits for requests."""
+
+    rank: int
+    pid: int
+    main_thread: int
+
+
+@dataclass
+class Result:
+    """A request finished. ``data`` is the cloudpickled value (None if it could not be
+    pickled: then ``text`` is its repr, which :class:`Exec` always sends)."""
+
+    rank: int
+    id: int
+    data: bytes | None
+    text: str | None = None
+    trace: list["TraceEvent"] = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+    def value(self) -> Any:
+        return pickle.loads(self.data) if self.data is not None else self.text
+
+
+@dataclass(frozen=True)
+class Frame:
+    filename: str
+    lineno: int
+    name: str
+    line: str | None = None
+
+
+@dataclass
+class RankException:
+    """An exception raised in a rank, in a form that always reaches the notebook."""
+
+    type: str  # the class's qualified name
+    module: str
+    message: str
+    text: str  # the formatted traceback
+    frames: list[Frame]
+    pickled: bytes | None  # the exception itself, when it could be pickled
+    time: float
+    phase: str = "run"  # "init": while joining the process group
+
+    @classmethod
+    def capture(cls, exc: BaseException, skip_file: str | None = None, phase: str = "run") -> "RankException":
+        """Describe ``exc`` in the rank; leading frames of ``skip_file`` (the rank loop) are left out."""
+        tb = exc.__traceback__
+        while skip_file and tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == skip_file:
+            tb = tb.tb_next
+        te = traceback.TracebackException(type(exc), exc, tb, capture_locals=False)
+        try:
+            import cloudpickle
+
+            pickled = cloudpickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - sent without the object, by its text
+            pickled = None
+        return cls(
+            type=type(exc).__qualname__,
+            module=type(exc).__module__,
+            message=str(exc),
+            text="".join(te.format()),
+            frames=[Frame(f.filename, f.lineno, f.name, f.line) for f in te.stack],
+            pickled=pickled,
+            time=time.time(),
+            phase=phase,
+        )
+
+    def original(self) -> BaseException | None:
+        """The rank's exception object, when its class exists here too."""
+        if self.pickled is None:
+            return None
+        try:
+            return pickle.loads(self.pickled)
+        except Exception:  # noqa: BLE001 - a class defined only on the rank
+            return None
+
+
+@dataclass
+class Failure:
+    """A request raised (or the rank could not set up its process group: ``id`` None)."""
+
+    rank: int
+    id: int | None
+    error: RankException
+
+    @property
+    def time(self) -> float:
+        return self.error.time
+
+    def to_error(self, world_size: int, stopped: list[int], note: str = "", diag: str = "") -> RankFailedError:
+        """The notebook's error for this failure; ``note`` is added as a last paragraph."""
+        err, rank = self.error, self.rank
+        phase = " while setting up its process group" if err.phase == "init" else ""
+        if err.type == "SystemExit":
+            head = f"rank {rank} of {world_size} called sys.exit({err.message}){phase}"
+        else:
+            head = f"rank {rank} of {world_size} raised {err.type}{phase}: {err.message}"
+        lines = relabel_traceback(err.text).rstrip().splitlines()
+        if lines and lines[0].startswith("Traceback"):
+            lines = lines[1:]
+        message = f"{head}\n\nTraceback from rank {rank} (most recent call last):\n" + "\n".join(lines)
+        return RankFailedError(
+            message + (f"\n\n{note}" if note else ""),
+            rank=rank,
+            world_size=world_size,
+            exc_type=err.type,
+            exc_message=err.message,
+            rank_traceback=err.text,
+            exitcode=None,
+            original=err.original(),
+            stopped=list(stopped),
+        )
+
+
+@dataclass
+class Death:
+    """A rank ended while the notebook still waited for it (made from :class:`Exited`)."""
+
+    rank: int
+    code: int | None
+    time: float = field(default_factory=time.time)
+
+    def to_error(self, world_size: int, stopped: list[int], note: str = "", diag: str = "") -> RankFailedError:
+        """The notebook's error for this death; ``diag`` is what faulthandler wrote (a crash's stack)."""
+        from . import diagnose
+
+        code = self.code if self.code is not None else 1
+        if code < 0:
+            how = f"was killed by {signal_name(code)} (exit code {code})"
+            hint = (" A SIGKILL often means the machine ran out of memory; SIGSEGV or SIGABRT point at a "
+                    "crash inside C++ code.")
+        else:
+            how = f"exited with code {code} before returning"
+            hint = " A call to os._exit, or a crash in C code, ends a rank without a Python exception."
+        message = f"rank {self.rank} of {world_size} {how}.{hint}"
+        threads = diagnose.parse_dump(diag) if diag.strip() else []
+        if threads and threads[-1]["frames"]:
+            message += "\n\nIts last Python stack:\n" + diagnose.format_stack(threads[-1]["frames"])
+        return RankFailedError(
+            message + (f"\n\n{note}" if note else ""),
+            rank=self.rank,
+            world_size=world_size,
+            exc_type=None,
+            exc_message=how,
+            rank_traceback="",
+            exitcode=code,
+            original=None,
+            stopped=list(stopped),
+        )
+
+
+Reply = Union[Ready, Result, Failure]
+
+# --------------------------------------------------------------------------------------
+# The board: what each rank is doing right now.
+# --------------------------------------------------------------------------------------
+
+# What a rank can be doing, in the order the board stores them.
+PHASES = (
+    "starting",  # setting itself up, joining the process group
+    "ready",  # waiting for the next request
+    "running",  # running a request, outside any torch.distributed call
+    "call",  # inside a torch.distributed call
+    "wait",  # inside wait() on an asynchronous request
+)
+_PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
+_CALL_INDEX = {name: i for i, name in enumerate(CALLS)}
+# phase, call index, peer, collective sequence number, bytes, group members bit mask, start time
+_SLOT_FORMAT = struct.Struct("<BBhIQQd")
+_SLOT = 64
+
+
+@dataclass(frozen=True)
+class BoardRecord:
+    """One rank's slot: its phase, and the call it is in (``call``/``wait`` phases)."""
+
+    rank: int
+    phase: str
+    call: str | None = None
+    peer: int | None = None
+    seq: int = 0  # how many collectives the rank had entered (matches calls across ranks)
+    nbytes: int = 0
+    members: list[int] | None = None  # the group's ranks, when not the default group
+    start: float = 0.0
+
+    @property
+    def in_call(self) -> bool:
+        return self.phase in ("call", "wait") and self.call is not None
+
+
+class Board:
+    """Shared memory with one slot per rank; the notebook creates it, each rank writes its own slot."""
+
+    def __init__(self, fd: int, world_size: int, owner: bool) -> None:
+        self.fd = fd
+        self.world_size = world_size
+        self._owner = owner
+        self._map = mmap.mmap(fd, _SLOT * world_size)
+
+    @classmethod
+    def create(cls, world_size: int) -> "Board":
+        """A new board (notebook side); every slot reads ``starting``."""
+        fd = os.memfd_create("helpers-board", os.MFD_CLOEXEC)
+        os.ftruncate(fd, _SLOT * world_size)
+        return cls(fd, world_size, owner=True)
+
+    @classmethod
+    def attach(cls, fd: int, world_size: int) -> "Board":
+        """The board a rank received as a file descriptor."""
+        return cls(fd, world_size, owner=False)
+
+    def post(self, rank: int, phase: str, call: str | None = None, *, peer: int | None = None,
+             seq: int = 0, nbytes: int | None = None, members: int | None = None) -> None:
+        _SLOT_FORMAT.pack_into(
+            self._map, rank * _SLOT, _PHASE_INDEX[phase], _CALL_INDEX.get(call, 0) if call else 0,
+            -1 if peer is None else int(peer), seq, int(nbytes or 0), int(members or 0), time.perf_counter(),
+        )
+
+    def read(self) -> list[BoardRecord]:
+        out = []
+        for rank in range(self.world_size):
+            phase, call, peer, seq, nbytes, mask, start = _SLOT_FORMAT.unpack_from(self._map, rank * _SLOT)
+            name = PHASES[phase] if phase < len(PHASES) else "running"
+            out.append(BoardRecord(
+                rank=rank,
+                phase=name,
+                call=CALLS[call] if name in ("call", "wait") and call < len(CALLS) else None,
+                peer=None if peer < 0 else peer,
+                seq=seq,
+                nbytes=nbytes,
+                members=[r for r in range(64) if mask >> r & 1] if mask else None,
+                start=start,
+            ))
+        return out
+
+    def close(self) -> None:
+        self._map.close()
+        if self._owner:
+            os.close(self.fd)
+
+
+# --------------------------------------------------------------------------------------
+# Traces.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TraceEvent:
+    """One torch.distributed call on one rank.
+
+    ``start``/``end`` bound the call itself; for asynchronous calls (``isend``,
+    ``irecv``, ``async_op=True``) ``waited`` is when ``wait()`` returned, if it was
+    called. In a rank the times are ``time.perf_counter()`` values; in a
+    :class:`~helpers.trace.Trace` they are seconds from the trace's first call.
+    """
+
+    rank: int
+    op: str
+    peer: int | None
+    nbytes: int | None
+    dtype: str | None
+    shape: tuple | None
+    start: float
+    end: float
+    async_op: bool = False
+    wait_start: float | None = None
+    waited: float | None = None
+    tag: int = 0
+    group: list[int] | None = None
+    batch: bool = False
+    seq: int | None = None
+    offset: int | None = None  # where the tensor starts in its storage, in bytes
+    base_nbytes: int | None = None  # the size of that storage
+    reduce_op: str | None = None
+
+    @property
+    def done(self) -> float:
+        """When the operation was known to be complete (end, or the end of its wait)."""
+        return self.waited if self.waited is not None else self.end
+
+    @property
+    def is_send(self) -> bool:
+        return self.op in ("send", "isend", "send_object_list")
+
+    @property
+    def is_recv(self) -> bool:
+        return self.op in ("recv", "irecv", "recv_object_list")
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.is_send or self.is_recv
