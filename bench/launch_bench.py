@@ -271,12 +271,11 @@ def measure_warm(repeats: int) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     import helpers
     from helpers import launch
-    from helpers._factory import get_factory
 
-    factory = get_factory()
+    machine = helpers.machine_info()  # waits until the rank factory is ready
     info = {
         "factory_ready_s": time.perf_counter() - t0,
-        "factory_info": {k: v for k, v in (factory.info or {}).items() if k != "factory_pid"},
+        "factory_info": {k: v for k, v in machine.items() if k != "factory_pid"},
         "helpers_file": helpers.__file__,
     }
     out = {}

@@ -47,7 +47,7 @@ def _time_modes(rank, world_size, nbytes, repeats, seed):
     import torch.distributed as dist
     from reference import ring_allreduce
 
-    from helpers._instrument import current
+    from helpers.instrument import current
 
     inst = current()
     order = random.Random(seed)
@@ -80,11 +80,12 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     """Seconds each wrapper adds to one call, measured around a no-op function."""
     import time
 
-    from helpers._instrument import Instrument
+    from helpers.instrument import Instrument
 
-    fd = os.memfd_create("bench-board")
-    os.ftruncate(fd, 64)
-    inst = Instrument(0, fd, 1)
+    from helpers.protocol import Board
+
+    board = Board.create(1)
+    inst = Instrument(0, board, 1)
 
     def noop(tensor, dst=None, group=None, tag=0, group_dst=None):
         return None
@@ -101,7 +102,7 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
             fn(t, 1)
         out[mode] = (time.perf_counter() - start) / calls
         inst.take_events()
-    os.close(fd)
+    board.close()
     return {"board": out["board"] - out["bare"], "traced": out["traced"] - out["bare"]}
 
 

@@ -116,7 +116,7 @@ class RankGroup:
 
     ``timeout`` is the longest a request will be given; the process group's own timeout
     is set above it (:data:`PG_TIMEOUT_MARGIN`). ``forbid`` maps call names to the reason
-    shown when a rank calls one (see :meth:`helpers._instrument.Instrument.forbid`).
+    shown when a rank calls one (see :meth:`helpers.instrument.Instrument.forbid`).
     """
 
     def __init__(

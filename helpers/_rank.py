@@ -89,7 +89,7 @@ class _Rank:
         self.rank = spec.rank
         self.fd = dict(zip(FD_NAMES, fds))
         self.namespace: dict[str, Any] = {}
-        self.board = Board.attach(self.fd["board"], group.world_size)
+        self.board = Board.attach(self.fd["board"])
         self.inst = None
 
     # -- set-up -----------------------------------------------------------------------
@@ -151,7 +151,7 @@ class _Rank:
 
     def instrument(self) -> None:
         """Wrap torch.distributed's calls (board always; events when a request traces)."""
-        from ._instrument import Instrument
+        from .instrument import Instrument
 
         if os.environ.get("HELPERS_NO_INSTRUMENT") == "1":  # for measuring the wrappers' cost
             return

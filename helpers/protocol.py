@@ -467,9 +467,9 @@ class Board:
         return cls(fd, world_size, owner=True)
 
     @classmethod
-    def attach(cls, fd: int, world_size: int) -> "Board":
-        """The board a rank received as a file descriptor."""
-        return cls(fd, world_size, owner=False)
+    def attach(cls, fd: int) -> "Board":
+        """The board a rank received as a file descriptor (its size says how many slots)."""
+        return cls(fd, os.fstat(fd).st_size // _SLOT, owner=False)
 
     def post(self, rank: int, phase: str, call: str | None = None, *, peer: int | None = None,
              seq: int = 0, nbytes: int | None = None, members: int | None = None) -> None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import helpers
 from conftest import children_of, is_gone, proc_state, rank_children, wait_until
-from helpers import BackendUnavailableError, LaunchError, LaunchResult, LaunchTimeoutError, RankFailedError
+from helpers import BackendUnavailableError, Cluster, LaunchError, LaunchResult, LaunchTimeoutError, RankFailedError
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 
@@ -271,37 +271,44 @@ def test_deadlock_times_out_with_every_rank_stack():
     assert rank_children() == []
 
 
-def _fake_dump(*frames: tuple[str, int, str]) -> str:
-    """A faulthandler dump of one thread, innermost frame first."""
-    lines = ["Current thread 0x00007f0000000001 (most recent call first):"]
-    lines += [f'  File "{filename}", line {lineno} in {name}' for filename, lineno, name in frames]
-    return "\n".join(lines) + "\n"
+def test_ranks_stuck_joining_the_group_are_described_as_still_starting():
+    """Are ranks that hang before their function runs (in the rendezvous) described as still starting?"""
+    import dataclasses
+
+    from helpers._factory import get_factory
+    from helpers._group import RankGroup
+    from helpers._report import outcome_error
+
+    class WaitsForAThirdRank(RankGroup):  # two ranks told the group has three: nobody can join
+        def _group_spec(self):
+            return dataclasses.replace(super()._group_spec(), world_size=self.world_size + 1)
+
+    group = WaitsForAThirdRank(get_factory(), 2, backend="gloo", timeout=5.0)
+    try:
+        group.start()
+        outcome = group.wait_ready(1.5)
+        assert outcome.pending == [0, 1] and not outcome.failures
+        assert [record.phase for record in outcome.board] == ["starting", "starting"]
+        err = outcome_error(outcome, 2, 1.5, what="Starting the ranks")
+    finally:
+        group.stop()
+        group.close()
+    for rank in (0, 1):
+        assert "still starting" in err.waiting[rank] and "<string>" not in err.waiting[rank], err.waiting
+    assert str(err).startswith("Starting the ranks did not finish within 1.5 s")
+    assert rank_children() == []
 
 
-def test_hang_summary_of_a_rank_still_starting():
-    """Is a rank that hangs before reaching fn (in its rendezvous) described as still starting, not as 'running <string>' or 'idle'?"""
-    from helpers import _factory, _rank, _wire, diagnose
-
-    bottom = [
-        (_rank.__file__, 330, "main"),
-        (_factory.__file__, 202, "_spawn"),
-        (_factory.__file__, 118, "serve"),
-        ("<string>", 1, "<module>"),
-    ]
-    in_store = diagnose.parse_dump(_fake_dump((_rank.__file__, 160, "init_process_group"), *bottom))[0]["frames"]
-    waiting_port = diagnose.parse_dump(
-        _fake_dump((_wire.__file__, 50, "_read_exact"), (_wire.__file__, 58, "read_frame"),
-                   (_rank.__file__, 166, "init_process_group"), *bottom)
-    )[0]["frames"]
-    idle = diagnose.parse_dump(
-        _fake_dump((_wire.__file__, 50, "_read_exact"), (_wire.__file__, 58, "read_frame"),
-                   (_rank.__file__, 190, "recv"), (_rank.__file__, 210, "serve"), *bottom)
-    )[0]["frames"]
-
-    for frames in (in_store, waiting_port):
-        summary = diagnose.summarize(0, frames)
-        assert "still starting" in summary and "<string>" not in summary and "idle" not in summary, summary
-    assert "idle" in diagnose.summarize(0, idle)
+def test_board_shows_each_rank_ready_running_or_in_a_call():
+    """Does the board say 'ready' between requests, 'running' in the learner's code, and the call inside one?"""
+    with Cluster(2, output="quiet") as cluster:
+        group = cluster._group
+        assert [r.phase for r in group.read_board()] == ["ready", "ready"]
+        with pytest.raises(LaunchTimeoutError) as info:
+            cluster.exec("import time\nif rank == 0:\n    time.sleep(30)\nelse:\n    dist.recv(torch.zeros(1), 0)",
+                         timeout=1.0)
+        assert "rank 0 is running" in info.value.waiting[0], info.value.waiting
+        assert "rank 1 waits in recv(src=0)" in info.value.waiting[1], info.value.waiting
 
 
 def test_unpicklable_return_value_is_named():

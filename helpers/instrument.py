@@ -14,7 +14,17 @@ point-to-point calls can do the work.
 
 The board and the trace events are records of :mod:`helpers.protocol`.
 
-This module runs in the ranks only; the notebook side is :mod:`helpers.trace`.
+This module runs in the ranks only; the notebook side is :mod:`helpers.trace`. Inside a
+rank, :func:`current` is the rank's :class:`Instrument` (benchmarks switch its wrappers
+off and on with :meth:`Instrument.uninstall` and :meth:`Instrument.install`).
+
+Example (inside a rank)::
+
+    >>> from helpers.instrument import current
+    >>> inst = current()
+    >>> inst.tracing = True          # record the next calls as TraceEvents
+    >>> dist.barrier(); [e.op for e in inst.take_events()]
+    ['barrier']
 """
 
 from __future__ import annotations
