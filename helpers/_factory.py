@@ -314,7 +314,6 @@ class Factory:
         env = dict(os.environ)
         env.pop("MPLBACKEND", None)
         env["HELPERS_PRESTART"] = "0"  # importing helpers in there must not start another
-        self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-c", code],
             pass_fds=(child.fileno(),),
@@ -434,7 +433,6 @@ class Factory:
     def _dispatch(self, event: Hello | Fatal | Spawned | Exited) -> None:
         if isinstance(event, Hello):
             self.info = event.info
-            self.ready_seconds = time.monotonic() - self.started
         elif isinstance(event, Fatal):
             self._died("the rank factory could not start:\n" + event.error)
         else:

@@ -205,9 +205,9 @@ class Cluster:
         """
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
-        payload = serialize_call(fn, args, kwargs)
-        outcome = self._request(Call(0, payload, trace), ranks, timeout)
-        return self._results(outcome, self._targets(ranks), trace)
+        targets = self._targets(ranks)
+        outcome = self._request(Call(0, serialize_call(fn, args, kwargs), trace), targets, timeout)
+        return self._results(outcome, targets, trace)
 
     def _results(self, outcome: Outcome, targets: list[int], trace: bool, display: bool = False) -> Results:
         out = Results()
@@ -240,9 +240,9 @@ class Cluster:
         """
         if not isinstance(source, str):
             raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
-        filename = filename or _cache_source(source)
-        outcome = self._request(Exec(0, source, filename, trace), ranks, timeout)
-        return self._results(outcome, self._targets(ranks), trace, display=display)
+        targets = self._targets(ranks)
+        outcome = self._request(Exec(0, source, filename or _cache_source(source), trace), targets, timeout)
+        return self._results(outcome, targets, trace, display=display)
 
     def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
         """Set variables in the ranks' namespaces.
@@ -273,8 +273,9 @@ class Cluster:
         """The value of variable ``name`` on every rank (or ``ranks``), in rank order."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"pull() needs a variable name like 'x'; got {name!r}.")
-        outcome = self._request(Pull(0, [name]), ranks, None)
-        return [outcome.replies[r].value()[0] for r in self._targets(ranks)]
+        targets = self._targets(ranks)
+        outcome = self._request(Pull(0, [name]), targets, None)
+        return [outcome.replies[r].value()[0] for r in targets]
 
     # -- machinery --------------------------------------------------------------------
 
@@ -334,8 +335,7 @@ class Cluster:
                 )
         return group
 
-    def _request(self, request: Request, ranks: Sequence[int] | None, timeout: float | None) -> Outcome:
-        targets = self._targets(ranks)
+    def _request(self, request: Request, targets: list[int], timeout: float | None) -> Outcome:
         timeout = self.timeout if timeout is None else float(timeout)
         validate_world(self.world_size, self.nnodes, timeout)
         group = self._usable_group(targets)

@@ -295,7 +295,6 @@ class RankException:
     """An exception raised in a rank, in a form that always reaches the notebook."""
 
     type: str  # the class's qualified name
-    module: str
     message: str
     text: str  # the formatted traceback
     frames: list[Frame]
@@ -318,7 +317,6 @@ class RankException:
             pickled = None
         return cls(
             type=type(exc).__qualname__,
-            module=type(exc).__module__,
             message=str(exc),
             text="".join(te.format()),
             frames=[Frame(f.filename, f.lineno, f.name, f.line) for f in te.stack],

@@ -102,12 +102,6 @@ class Trace:
                 row["collectives"] += 1
         return out
 
-    def messages_sent(self, rank: int) -> int:
-        return self.summary()[rank]["sent_messages"]
-
-    def bytes_sent(self, rank: int) -> int:
-        return self.summary()[rank]["sent_bytes"]
-
     def link_matrix(self) -> list[list[int]]:
         """``m[i][j]`` = bytes rank i sent to rank j point-to-point (see ``link_note``)."""
         n = self.world_size
@@ -395,10 +389,3 @@ def _human(n: float) -> str:
         n /= 1024
     return f"{n:.1f} GB"
 
-
-def merge(traces: Iterable["Trace"]) -> "Trace":
-    """One trace from several (for example the cells of a lesson), kept in time order."""
-    traces = list(traces)
-    world = max((t.world_size for t in traces), default=0)
-    events = sorted((e for t in traces for e in t.events), key=lambda e: (e.start, e.rank))
-    return Trace(world, events)
