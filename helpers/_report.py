@@ -16,7 +16,7 @@ from .protocol import Death, Failure
 if TYPE_CHECKING:
     from ._group import Outcome
 
-__all__ = ["outcome_error", "hang_report", "earliest", "in_distributed_call"]
+__all__ = ["outcome_error", "group_stopped_error", "hang_report", "earliest", "in_distributed_call"]
 
 
 def earliest(failures: list[Failure | Death]) -> Failure | Death:
@@ -57,6 +57,19 @@ def outcome_error(
     if outcome.cause is not None:
         return outcome.cause.to_error(world_size, list(stopped), note=note, diag=outcome.diag)
     return hang_report(outcome, world_size, timeout, what=what, recovery=note)
+
+
+def group_stopped_error(outcome: "Outcome", live: list[int], world_size: int, timeout: float,
+                        what: str = "The ranks") -> LaunchError:
+    """The error for a request after which the whole group is stopped (``live``: its ranks
+    still running): the failure's other ranks, or every rank of a hang, are named as stopped."""
+    if outcome.cause is None:
+        return outcome_error(outcome, world_size, timeout, what=what, note="All ranks were stopped.")
+    stopped = [r for r in live if r != outcome.cause.rank]
+    many = len(stopped) > 1
+    note = (f"The other rank{'s' if many else ''} ({', '.join(map(str, stopped))}) "
+            f"{'were' if many else 'was'} stopped.") if stopped else ""
+    return outcome_error(outcome, world_size, timeout, what=what, note=note, stopped=stopped)
 
 
 def hang_report(

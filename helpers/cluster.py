@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from . import diagnose
 from ._factory import get_factory
 from ._group import Outcome, RankGroup
-from ._report import outcome_error
+from ._report import group_stopped_error, outcome_error
 from .backend import Choice, resolve_backend
 from .errors import LaunchError, signal_name
 from .launcher import default_timeout, serialize, serialize_call, trace_of, validate_world
@@ -118,11 +118,7 @@ class Cluster:
             limit = max(self.timeout, 60.0)
             outcome = group.wait_ready(limit)
             if not outcome.ok:
-                stopped = [r for r in group.live if outcome.cause is None or r != outcome.cause.rank]
-                note = (f"The other ranks ({', '.join(map(str, stopped))}) were stopped." if outcome.cause and stopped
-                        else "" if outcome.cause else "All ranks were stopped.")
-                raise outcome_error(outcome, self.world_size, limit, what="Starting the ranks", note=note,
-                                    stopped=stopped)
+                raise group_stopped_error(outcome, group.live, self.world_size, limit, what="Starting the ranks")
         except BaseException:
             self._group = None
             group.stop()

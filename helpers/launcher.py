@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from ._factory import get_factory
 from ._group import Outcome, RankGroup
-from ._report import outcome_error
+from ._report import group_stopped_error
 from .backend import resolve_backend
 from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
@@ -240,10 +240,9 @@ def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
         group.start()
         outcome = group.request(request, list(range(group.world_size)), timeout)
         if not outcome.ok:
-            stopped = [r for r in group.live if outcome.cause is None or r != outcome.cause.rank]
+            error = group_stopped_error(outcome, group.live, group.world_size, timeout)
             group.stop()
-            raise outcome_error(outcome, group.world_size, timeout, note=_stopped_note(outcome, stopped),
-                                stopped=stopped)
+            raise error
         group.close()
         return outcome
     except KeyboardInterrupt:
@@ -258,12 +257,3 @@ def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
         group.close()
         raise
 
-
-def _stopped_note(outcome: Outcome, stopped: list[int]) -> str:
-    if outcome.cause is None:
-        return "All ranks were stopped."
-    if not stopped:
-        return ""
-    names = ", ".join(map(str, stopped))
-    many = len(stopped) > 1
-    return f"The other rank{'s' if many else ''} ({names}) {'were' if many else 'was'} stopped."
