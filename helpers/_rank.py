@@ -168,9 +168,10 @@ class _Rank:
     # -- requests ---------------------------------------------------------------------
 
     def serve(self) -> None:
+        # The board says "ready" before the notebook hears it, never after.
+        self.board.post(self.rank, "ready")
         self.send(Ready(self.rank, os.getpid(), threading.main_thread().ident))
         while True:
-            self.board.post(self.rank, "ready")
             try:
                 request = _wire.read_frame(self.fd["cmd"])
             except KeyboardInterrupt:  # an interrupt that arrived while idle: nothing to stop
@@ -282,6 +283,7 @@ class _Rank:
             reply.trace = inst.take_events()
         if inst is not None:
             inst.tracing = False
+        self.board.post(self.rank, "ready")
         self.send(reply)
 
 
