@@ -214,10 +214,11 @@ IGNORED = [
     "autograder/submitted/alice/ps1/ps1.ipynb",
     "autograder/autograded/alice/ps1/ps1.ipynb",
     "autograder/feedback/alice/ps1/ps1.html",
-    "autograder/release/ps1/ps1.ipynb",
+    "autograder/grades.csv",
+    ".nbgrader.log",
 ]
 NOT_IGNORED = [
-    "autograder/source/ps1/ps1.ipynb",
+    "autograder/lesson04.py",
     "course/01_ranks.ipynb",
     "solutions/01_ranks.ipynb",
 ]
@@ -229,7 +230,7 @@ def test_gitignore_covers_venv_and_nbgrader_work_folders():
     if not _in_git_work_tree():
         text = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
         for pattern in [".venv/", "/autograder/gradebook.db", "/autograder/submitted/",
-                        "/autograder/autograded/", "/autograder/feedback/", "/autograder/release/"]:
+                        "/autograder/autograded/", "/autograder/feedback/", "/.nbgrader.log"]:
             assert pattern in text, pattern
         return
     for path in IGNORED:
