@@ -50,8 +50,15 @@ $(STAMP): pyproject.toml | $(VENV_PY)
 	$(VENV_PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
 	@touch $@
 
+# JupyterLab refuses to start as root (containers, cloud GPU boxes, many lab servers)
+# unless it is told it may; pass the flag only then, and say so. The venv's bin folder
+# goes first on PATH: nbgrader (formgrader, Validate) runs `alembic` by name.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
+SAY_ROOT   := $(if $(ALLOW_ROOT),@echo "Running as root: starting JupyterLab with --allow-root.",@true)
+
 lab: venv
-	$(VENV)/bin/jupyter lab course/ $(LAB_ARGS)
+	$(SAY_ROOT)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab course/ $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: venv
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
@@ -82,7 +89,8 @@ grade: venv
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv
-	$(VENV)/bin/jupyter lab $(LAB_ARGS)
+	$(SAY_ROOT)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
