@@ -411,13 +411,14 @@ class _ViewRouter(OutputRouter):
 
 
 def _cache_source(source: str) -> str:
-    """Register a cell's source so tracebacks can show its lines (as ``Cell In[N]``)."""
+    """Register a cell's source so tracebacks can show its lines, as ``Cell In[N]`` with the
+    number the notebook shows for the cell that is running."""
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
         if shell is not None:
-            return shell.compile.cache(source, shell.execution_count)
+            return shell.compile.cache(source, _running_cell_number(shell))
     except Exception:  # noqa: BLE001 - outside IPython
         pass
     import linecache
@@ -425,3 +426,20 @@ def _cache_source(source: str) -> str:
     name = f"<distributed-{abs(hash(source)) & 0xFFFFFFFF:x}>"
     linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
     return name
+
+
+def _running_cell_number(shell: Any) -> int:
+    """The number of the notebook cell running now, as the notebook shows it.
+
+    That is the number IPython filed the running cell's code under; its
+    ``execution_count`` has already moved on to the next cell by the time a cell magic
+    runs (in current IPython versions), which made reports say ``Cell In[5]`` for cell [4].
+    """
+    numbers = shell.compile._filename_map
+    frame = sys._getframe(1)
+    while frame is not None:
+        number = numbers.get(frame.f_code.co_filename)
+        if number is not None:
+            return number
+        frame = frame.f_back
+    return shell.execution_count

@@ -118,7 +118,9 @@ class DistributedMagics(Magics):
             print(f"No ranks were running: starting {DEFAULT_WORLD_SIZE} (use %dist_start -n N for another size).")
             # That line is the whole notice: no second "Started ..." line.
             _cluster = Cluster(DEFAULT_WORLD_SIZE, start=False).start(announce=False)
-        result = _cluster.exec(cell, ranks=ranks, timeout=args.timeout, display=True, trace=args.trace)
+        # The blank first line stands for the %%distributed line: line numbers in reports
+        # are then the ones the notebook shows for this cell.
+        result = _cluster.exec("\n" + cell, ranks=ranks, timeout=args.timeout, display=True, trace=args.trace)
         if args.trace:
             self.shell.user_ns["dist_trace"] = result.trace
             print(f"Traced {len(result.trace)} calls into dist_trace "

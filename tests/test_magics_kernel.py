@@ -141,7 +141,8 @@ def test_exception_on_one_rank_errors_the_cell_with_its_line(kernel):
     assert out["error"]["ename"] == "RankFailedError"
     text = traceback_text(out)
     assert "rank 1 of 2 raised ValueError: boom on one" in text
-    assert "Cell In[" in text and "raise ValueError('boom on one')" in text
+    # The cell as the notebook shows it: its own number, and line 4 counting the %%distributed line.
+    assert f"Cell In[{out['execution_count']}], line 4" in text and "raise ValueError('boom on one')" in text, text
     assert out["stderr_messages"] == []
     out = kernel.run("%%distributed\nbefore_error")
     assert "[rank 0] Out: 100" in out and "[rank 1] Out: 101" in out
@@ -152,6 +153,7 @@ def test_hang_times_out_and_dist_restart_gives_working_ranks(kernel):
     out = kernel.execute("%%distributed --timeout 2\nt = torch.zeros(1)\ndist.recv(t, 1 - rank)")
     assert out["status"] == "error" and out["error"]["ename"] == "LaunchTimeoutError"
     assert "recv" in traceback_text(out)
+    assert f"at Cell In[{out['execution_count']}], line 3, in <module>: dist.recv(t, 1 - rank)" in traceback_text(out), out["error"]["evalue"]
     assert out["seconds"] < 8.0, out["seconds"]
     assert "busy" in kernel.run("%dist_status")
     refused = kernel.execute("%%distributed\n1")
