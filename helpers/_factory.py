@@ -43,6 +43,9 @@ from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, 
 __all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
 
 _MAX_PACKET = 1 << 20
+# What the factory imports once it has been idle this long after starting (see _warm_up).
+_WARM_UP_WHEN_IDLE_MS = 300
+_WARM_UP_MODULES = ("torch._dynamo",)
 _MAX_FDS = 250
 
 
@@ -113,8 +116,14 @@ class _Server:
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
+        warm = False
         while True:
-            for fd, _ in poller.poll():
+            ready = poller.poll(None if warm else _WARM_UP_WHEN_IDLE_MS)
+            if not ready and not warm:
+                warm = True
+                self._warm_up()
+                continue
+            for fd, _ in ready:
                 if fd == self.wake_r:
                     os.read(self.wake_r, 4096)
                     self._reap()
@@ -131,6 +140,20 @@ class _Server:
         import torch.optim  # noqa: F401
 
         from . import _rank  # noqa: F401
+
+    def _warm_up(self) -> None:
+        """Import, once the factory is idle, what ranks would otherwise each import again.
+
+        Building the first optimizer imports ``torch._dynamo`` (about 1 s, and more while
+        several ranks do it at once on few cores). Done here, every later rank inherits
+        it. It runs only after the factory has sat idle for a moment, so it never delays
+        the first launch; it neither starts threads nor touches CUDA.
+        """
+        for name in _WARM_UP_MODULES:
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - an older torch without it: ranks import what they need
+                pass
 
     def _start_probe(self) -> None:
         r, w = os.pipe()

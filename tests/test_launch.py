@@ -587,3 +587,15 @@ def test_factory_and_ranks_die_with_their_owner():
         owner.stderr.close()
 
     assert wait_until(lambda: all(is_gone(pid) for pid in pids), 5.0), {pid: proc_state(pid) for pid in pids}
+
+
+def _has_dynamo(rank, world_size):
+    import sys
+
+    return "torch._dynamo" in sys.modules
+
+
+def test_idle_factory_preloads_what_optimizers_import():
+    """Once the factory has been idle, do new ranks start with torch._dynamo already imported (the first optimizer otherwise imports it, a second or more per rank)?"""
+    assert wait_until(lambda: launch(_has_dynamo, 1, output="quiet")[0], timeout=20, interval=0.5)
+    assert launch(_has_dynamo, 2, output="quiet") == [True, True]
