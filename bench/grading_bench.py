@@ -2,7 +2,7 @@
 
 Run: ``make bench-grading`` or ``.venv/bin/python bench/grading_bench.py [--kinds solution,stubs,deadlock] [--json PATH]``
 
-For every lesson, in a throw-away copy of the course (autograder.sandbox), this grades
+For every lesson, in a throw-away copy of the course (autograder.scratch), this grades
 one learner's notebook per kind with ``python -m autograder grade``, the instructor's
 command, and reads back the seconds each ``nbgrader autograde`` took and the longest
 single cell (from the cells' execution timestamps in the autograded notebook):
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from _common import machine_line  # noqa: E402
 
 from autograder.course import lessons  # noqa: E402
-from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0
 DEADLOCK = '''def ring_allreduce(tensor):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
 
 LESSON = "04-ring-all-reduce"
 ROOT = Path(__file__).resolve().parent.parent
