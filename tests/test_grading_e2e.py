@@ -167,3 +167,20 @@ def test_grades_csv_lists_every_learner(graded):
     total = sum(_points(root, parts).values())
     assert float(rows["alice"]["score"]) == pytest.approx(total + _other_points(root, parts))
     assert float(rows["erin"]["score"]) == 0
+
+
+def test_grading_run_record_matches_the_gradebook(graded):
+    """Does autograder/grading-run.json record every learner's seconds, status and score, as the gradebook has them?"""
+    root, _, parts, _ = graded
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    runs = {run["student"]: run for run in record["submissions"]}
+    assert set(runs) == {"alice", "bob", "carol", "dave", "erin", "frank"}
+    points = _points(root, parts)
+    total = sum(points.values()) + _other_points(root, parts)
+    for run in runs.values():
+        assert run["lesson"] == LESSON and run["status"] == "ok" and run["seconds"] > 0, run
+        assert run["max_score"] == pytest.approx(total), run
+    assert runs["alice"]["score"] == pytest.approx(total)
+    assert runs["bob"]["score"] == pytest.approx(total - points["bandwidth"])
+    assert runs["erin"]["score"] == 0
+    assert record["seconds"] >= sum(run["seconds"] for run in runs.values())
