@@ -110,6 +110,18 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
+def _owner(filename: str) -> str:
+    """Whose code a traceback frame is in: ``"course"``, ``"library"`` or ``"learner"``."""
+    if filename.startswith("<frozen"):
+        return "library"
+    path = filename if filename.startswith("<") else os.path.abspath(filename)
+    if _within(path, PACKAGE_DIR):
+        return "course"
+    if any(_within(path, lib) for lib in _LIBRARY_DIRS):
+        return "library"
+    return "learner"  # a notebook cell, or any other file of the learner's
+
+
 def course_frame(rank_traceback: str) -> str | None:
     """The innermost frame of a rank's traceback when it lies in the autograder package, else None.
 
@@ -119,30 +131,20 @@ def course_frame(rank_traceback: str) -> str | None:
     decides: in the ``autograder`` package it is the course's fault, anywhere else (a
     notebook cell) the learner's.
 
-    >>> course_frame('  File "/tmp/ipykernel_1/2.py", line 3, in ring_allreduce\\n')  is None
+    >>> course_frame('  File "/tmp/ipykernel_1/2.py", line 3, in ring_allreduce\\n') is None
     True
     """
     for match in reversed(list(_FRAME.finditer(rank_traceback or ""))):
-        name = match["file"]
-        if name.startswith("<frozen"):
-            continue
-        path = os.path.abspath(name) if not name.startswith("<") else name
-        if _within(path, PACKAGE_DIR):
-            return match.group(0).strip()
-        if any(_within(path, lib) for lib in _LIBRARY_DIRS):
-            continue
-        return None
+        owner = _owner(match["file"])
+        if owner != "library":
+            return match.group(0).strip() if owner == "course" else None
     return None
 
 
 def _raised_by_learner(rank_traceback: str) -> bool:
-    """True when the innermost frame is neither a library's nor the course's: the learner's own raise."""
+    """True when the innermost frame of all is the learner's: their own ``raise``, not a library's."""
     frames = list(_FRAME.finditer(rank_traceback or ""))
-    if not frames:
-        return False
-    name = frames[-1]["file"]
-    path = os.path.abspath(name) if not name.startswith("<") else name
-    return not name.startswith("<frozen") and not any(_within(path, d) for d in (PACKAGE_DIR, *_LIBRARY_DIRS))
+    return bool(frames) and _owner(frames[-1]["file"]) == "learner"
 
 
 def _traceback_tail(text: str, lines: int = 6) -> str:

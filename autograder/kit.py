@@ -153,16 +153,30 @@ class Exercise:
         """
         check = self.part(part).check
         with _course_faults(self, part):
-            check(Attempt(self, part, require_function(fn, self.function, self.label)))
+            check(self._attempt(fn, part))
 
     def self_check(self, fn: Any, **options: Any) -> None:
         """The visible check learners run; prints what passed, raises GradingFailure when not."""
         if self.visible_check is None:
             raise ValueError(f"{self.label} has no visible self-check")
         with _course_faults(self, SELF_CHECK):
-            message = self.visible_check(Attempt(self, SELF_CHECK, require_function(fn, self.function, self.label)),
-                                         **options)
+            message = self.visible_check(self._attempt(fn, SELF_CHECK), **options)
         print(message)
+
+    def _attempt(self, fn: Any, part: str) -> Attempt:
+        """An Attempt at ``part`` with ``fn``, once ``fn`` is a function the ranks can receive."""
+        import cloudpickle
+
+        fn = require_function(fn, self.function, self.label)
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - whatever the pickler refuses
+            raise GradingFailure(
+                f"{part}: `{self.function}` cannot be sent to the fresh processes the checks run it on "
+                f"({type(exc).__name__}: {exc}). Create open files, locks, sockets and the like inside "
+                "the function rather than using ones made outside it."
+            ) from None
+        return Attempt(self, part, fn)
 
 
 @contextmanager

@@ -224,6 +224,20 @@ def test_a_switched_off_call_gives_the_lessons_own_reason():
     assert "called a built-in collective" in text and "switched off here" in text and ex.forbid_reason in text
 
 
+def test_a_function_the_ranks_cannot_receive_is_the_learners_fault():
+    """Does a function that cannot be pickled (it holds a lock) get learner feedback, not the course's error?"""
+    import threading
+
+    lock = threading.Lock()
+
+    def locked(tensor):
+        with lock:
+            tensor += 0
+
+    with pytest.raises(GradingFailure, match="correct: `ring_allreduce` cannot be sent to the fresh processes"):
+        exercise("4.1").grade(locked, "correct")
+
+
 def test_a_missing_function_is_named():
     """Does grading something that is not a function ask for the function by name?"""
     with pytest.raises(GradingFailure, match="Exercise 2.1: define a function named `ring_sum`"):
