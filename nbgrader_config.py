@@ -11,6 +11,8 @@ The course id and the work folders are set here so that the standard nbgrader co
 
 import os
 
+from autograder.preprocessors import CODE_STUB
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 c = get_config()  # noqa: F821 - provided by nbgrader's config loader
@@ -37,10 +39,9 @@ c.Execute.raise_on_iopub_timeout = False
 c.OverwriteCells.enabled = True
 c.CheckCellMetadata.enabled = True
 
-# Exercise stubs: what a learner sees in place of the solution.
-c.ClearSolutions.code_stub = {
-    "python": '# YOUR CODE HERE\nraise NotImplementedError("Replace this line with your code")'
-}
+# Exercise stubs: what a learner sees in place of the solution (the text is defined once,
+# in autograder/preprocessors.py, which then makes each stub name its exercise).
+c.ClearSolutions.code_stub = {"python": CODE_STUB}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # A learner who deletes a graded or read-only cell gets it back, where it was, and graded

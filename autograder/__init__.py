@@ -1,9 +1,36 @@
-"""Instructor-side tools: nbgrader preprocessors, the grading harness and the lesson checks.
+"""Instructor-side tools: the graded exercises, nbgrader preprocessors and the grading workflow.
 
-- :mod:`autograder.harness` runs a learner's function on fresh ranks, with built-in
-  collectives disabled where the exercise is to build one, and turns every way it can
-  go wrong into feedback a learner can act on.
-- ``autograder.lessonNN`` holds the hidden-test checks of each lesson.
-- :mod:`autograder.preprocessors` adds what nbgrader lacks (stubs that name their exercise).
+- :mod:`autograder.kit` declares every graded exercise as one object (number, function,
+  parts with their points, switched-off calls, self-check); notebook cells reach one with
+  ``from autograder import exercise`` and ``exercise("4.1").grade(ring_allreduce, "correct")``.
+- ``autograder.lessonNN`` holds each lesson's exercises (a tuple ``EXERCISES``).
+- :mod:`autograder.harness` runs a learner's function on fresh ranks and tells a wrong
+  answer (:class:`~autograder.harness.GradingFailure`) from a broken check
+  (:class:`~autograder.harness.CheckError`).
+- :mod:`autograder.preprocessors` adds what nbgrader lacks (stubs that name their exercise,
+  deleted cells put back); :mod:`autograder.scratch` makes throw-away course copies.
 - ``python -m autograder`` (see :mod:`autograder.__main__`) runs the instructor workflow.
+
+Importing this package is cheap: ``exercise`` and ``exercises`` load the kit (and torch)
+on first use, so nbgrader's preprocessors can import it without starting ranks.
+
+Example::
+
+    >>> from autograder import exercise
+    >>> [part.name for part in exercise("4.1").parts]
+    ['correct', 'point_to_point', 'bandwidth', 'no_hang']
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["exercise", "exercises"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import kit
+
+        return getattr(kit, name)
+    raise AttributeError(f"module 'autograder' has no attribute {name!r}")

@@ -17,27 +17,39 @@ Steps, each a standard nbgrader command underneath:
    edited or deleted test cells, scores each test cell;
 4. ``nbgrader generate_feedback <lesson>``: one HTML page per learner and lesson in
    ``autograder/feedback/<student>/<lesson>/``;
-5. ``nbgrader export``: all grades as CSV in ``autograder/grades.csv``.
+5. ``nbgrader export``: all grades as CSV in ``autograder/grades.csv``;
+6. a record of this run in ``autograder/grading-run.json`` (see :func:`grade`), for
+   scripts and benchmarks; the printed table is the same information for people.
 
 One broken submission never stops the others: each learner's notebook is graded on its
 own, a failure is logged and reported at the end, and the rest carry on.
+
+The record looks like this (seconds are each ``nbgrader autograde`` run's wall time)::
+
+    {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "grades_csv": "autograder/grades.csv",
+     "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 17.0,
+                      "status": "ok", "score": 10.0, "max_score": 10.0, "error": null}]}
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .course import ROOT, lessons, tool_env
 
-__all__ = ["collect", "grade", "main"]
+__all__ = ["collect", "grade", "main", "RECORD"]
 
 WORK = ROOT / "autograder"
+RECORD = WORK / "grading-run.json"  # git-ignored, like grades.csv: it holds learners' scores
 
 
 def _nbgrader(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -68,37 +80,73 @@ def collect(source: Path) -> dict[str, list[str]]:
     return found
 
 
-def grade(source: Path) -> int:
-    """The whole workflow; returns the number of submissions that could not be graded."""
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _scores(grades: Path) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+    """(student, lesson) -> (score, max score), from nbgrader's CSV export."""
+    if not grades.is_file():
+        return {}
+    with grades.open() as f:
+        return {(row["student_id"], row["assignment"]): (_number(row.get("score")), _number(row.get("max_score")))
+                for row in csv.DictReader(f) if row.get("student_id") and row.get("assignment")}
+
+
+def grade(source: Path) -> dict[str, Any]:
+    """The whole workflow; returns the run's record, also written to autograder/grading-run.json.
+
+    The record holds, for every submission graded in this run, the student, the lesson,
+    the seconds ``nbgrader autograde`` took, its status (``"ok"`` or ``"failed"``, with the
+    ``error``), and the score and max score from the export (None when it has none).
+    """
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as scratch:
         for lesson in lessons():
             _nbgrader("generate_assignment", lesson, "--force", f"--CourseDirectory.release_directory={scratch}")
     found = collect(source)
+    grades = WORK / "grades.csv"
+    record: dict[str, Any] = {"started": started_at, "seconds": 0.0, "source": str(source),
+                              "grades_csv": str(grades.relative_to(ROOT)), "submissions": []}
     if not found:
         print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
-        return 0
-    failures = []
+        RECORD.write_text(json.dumps(record, indent=2) + "\n")
+        return record
+    runs = record["submissions"]
     for lesson, students in sorted(found.items()):
         for student in students:
-            started = time.monotonic()
+            began = time.monotonic()
             done = _nbgrader("autograde", lesson, "--create", "--force", f"--student={student}", check=False)
-            seconds = time.monotonic() - started
-            status = "ok" if done.returncode == 0 else "FAILED"
-            print(f"  autograded {student}/{lesson} in {seconds:.1f} s: {status}")
-            if done.returncode != 0:
-                failures.append(f"{student}/{lesson}: {done.stderr.strip().splitlines()[-1:] or done.stdout[-200:]}")
-                continue
-            _nbgrader("generate_feedback", lesson, "--force", f"--student={student}", check=False)
-    grades = WORK / "grades.csv"
+            seconds = time.monotonic() - began
+            ok = done.returncode == 0
+            print(f"  autograded {student}/{lesson} in {seconds:.1f} s: {'ok' if ok else 'FAILED'}")
+            error = None if ok else (done.stderr.strip().splitlines()[-1:] or [done.stdout[-200:]])[0]
+            if ok:
+                _nbgrader("generate_feedback", lesson, "--force", f"--student={student}", check=False)
+            runs.append({"student": student, "lesson": lesson, "seconds": round(seconds, 2),
+                         "status": "ok" if ok else "failed",
+                         "score": None, "max_score": None, "error": error})
     _nbgrader("export", f"--to={grades}")
-    print(f"\nGrades: {grades.relative_to(ROOT)}    Feedback: autograder/feedback/<student>/<lesson>/")
-    with grades.open() as f:
-        for row in csv.DictReader(f):
-            if row.get("student_id") and row.get("assignment"):
-                print(f"  {row['student_id']:<16} {row['assignment']:<24} {row['score']:>6} / {row['max_score']}")
+    scores = _scores(grades)
+    for run in runs:
+        if run["status"] == "ok" and (run["student"], run["lesson"]) in scores:
+            run["score"], run["max_score"] = scores[(run["student"], run["lesson"])]
+    record["seconds"] = round(time.monotonic() - started, 2)
+    RECORD.write_text(json.dumps(record, indent=2) + "\n")
+
+    print(f"\nGrades: {grades.relative_to(ROOT)}    Feedback: autograder/feedback/<student>/<lesson>/    "
+          f"This run: {RECORD.relative_to(ROOT)}")
+    for (student, lesson), (score, max_score) in scores.items():
+        print(f"  {student:<16} {lesson:<24} {score if score is not None else '-':>6} / "
+              f"{max_score if max_score is not None else '-'}")
+    failures = [f"{r['student']}/{r['lesson']}: {r['error']}" for r in runs if r["status"] != "ok"]
     if failures:
         print("\nCould not grade (see nbgrader's log above):\n  " + "\n  ".join(failures))
-    return len(failures)
+    return record
 
 
 def main(argv: list[str]) -> int:
@@ -109,4 +157,5 @@ def main(argv: list[str]) -> int:
     if not source.is_dir():
         print(f"{source} is not a folder")
         return 2
-    return 1 if grade(source) else 0
+    record = grade(source)
+    return 1 if any(run["status"] != "ok" for run in record["submissions"]) else 0

@@ -1,82 +1,163 @@
-"""The grading harness: run a learner's function on fresh ranks and judge it fairly.
+"""The grading harness: run a learner's function on fresh ranks and say who is at fault.
 
-Hidden tests call the lesson checks (``autograder.lessonNN``), which are built on this
-module. Every check:
+The lesson checks (``autograder.lessonNN``, declared with :mod:`autograder.kit`) are
+built on this module. Every run of the learner's code:
 
-- runs the learner's code in fresh rank processes through :func:`helpers.launch`, never
-  in the learner's kernel, so nothing the learner patched there reaches the ranks;
-- draws its test data from a seed chosen at grading time, and computes the expected
-  answer in a single process (no cached answer can match);
-- disables the built-in collectives inside the ranks where the exercise is to build
-  one (also through ``distributed_c10d`` and the process-group object);
-- keeps the ranks' output out of the notebook (it goes in the feedback only when it
-  helps), so a harmless warning cannot cost points;
+- happens in fresh rank processes through :func:`helpers.launch`, never in the learner's
+  kernel, so nothing the learner patched there reaches the ranks;
+- can switch calls off inside the ranks (``forbid``) where the exercise is to build them;
+- keeps the ranks' output out of the notebook, so a harmless warning cannot cost points;
 - ends within its own short timeout, so one broken submission cannot stall the class.
 
-A failing check raises :class:`GradingFailure` (an ``AssertionError``) whose message
-says which part failed, on which world size and tensor size, which rank, and the
-expected and actual values.
+Two kinds of error come out of it:
 
-Example (in a hidden test cell)::
+- :class:`GradingFailure` (an ``AssertionError``): the learner's answer is wrong, hangs,
+  crashes, calls a switched-off function or is still the stub. The message is written
+  for the learner: the part, the world size, the rank, the values.
+- :class:`CheckError`: the course's own check broke (a rank failed inside the
+  ``autograder`` package's files rather than in the learner's code). The message says
+  so, and asks the learner to tell the instructor.
 
-    from autograder.lesson04 import check_ring_allreduce
-    check_ring_allreduce(ring_allreduce, part="correct")
+Example (what :meth:`autograder.kit.Attempt.run` does for a check)::
+
+    >>> from autograder.harness import run_ranks
+    >>> def worker(rank, world_size, fn):
+    ...     return fn(rank, world_size)
+    >>> list(run_ranks("demo", worker, 2, (lambda r, w: r * 10,), exercise="Exercise 0.0", function="f"))
+    [0, 10]
 """
 
 from __future__ import annotations
 
+import os
 import random
-from typing import Any, Callable, Sequence
+import re
+import sysconfig
+from typing import Any, Callable, Mapping, Sequence
 
-from helpers import DATA_COLLECTIVES, ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
+import helpers
+from helpers import ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
 
 __all__ = [
     "GradingFailure",
-    "COLLECTIVES",
+    "CheckError",
     "run_ranks",
     "fresh_seed",
-    "describe_values",
     "require_function",
-    "grade_part",
+    "course_frame",
 ]
 
-# Every built-in collective (all but the barriers); disabled inside the ranks when an
-# exercise builds its own. The object collectives are in it too: they call the others.
-COLLECTIVES = DATA_COLLECTIVES
-_REASON = "this exercise asks you to build it from point-to-point calls (send, recv, isend, irecv)"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_HELPERS_DIR = os.path.dirname(os.path.abspath(helpers.__file__))
+_LIBRARY_DIRS = tuple(
+    {os.path.abspath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))}
+) + (_HELPERS_DIR,)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$', re.M)
 
 
 class GradingFailure(AssertionError):
-    """A check failed; the message is written for the learner."""
+    """The learner's answer failed a check; the message is written for the learner."""
+
+
+class CheckError(RuntimeError):
+    """The course's own check broke: a fault in the grading code, not in the learner's answer.
+
+    ``exercise`` and ``part`` say where, ``problem`` what went wrong (the exception), and
+    ``detail`` where in the course's code (a few traceback lines for the instructor).
+
+    Example::
+
+        >>> str(CheckError("Exercise 4.1", "correct", "ZeroDivisionError: division by zero")).splitlines()[0]
+        'Exercise 4.1, part "correct": the course\\'s check itself failed (ZeroDivisionError: division by zero).'
+    """
+
+    def __init__(self, exercise: str, part: str, problem: str, detail: str = "") -> None:
+        self.exercise, self.part, self.problem, self.detail = exercise, part, problem, detail
+        message = (
+            f'{exercise}, part "{part}": the course\'s check itself failed ({problem}).\n'
+            "This is a fault in the course's grading code, not in your answer, and it says nothing "
+            "about whether your answer is right. Please tell your instructor and include this message."
+        )
+        if detail:
+            message += "\nWhere it failed, for the instructor:\n" + detail
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.exercise, self.part, self.problem, self.detail))
 
 
 def fresh_seed() -> int:
-    """A seed drawn at grading time, so answers cannot be precomputed."""
+    """A seed drawn at grading time, so answers cannot be precomputed.
+
+    >>> 1 <= fresh_seed() < 2**31
+    True
+    """
     return random.SystemRandom().randrange(1, 2**31)
 
 
 def require_function(fn: Any, name: str, exercise: str) -> Callable:
-    """Fail clearly when the learner's function is missing or still a stub."""
+    """``fn`` itself when it can be called; else a GradingFailure asking for the function.
+
+    >>> require_function(print, "print", "Exercise 0.0") is print
+    True
+    """
     if not callable(fn):
         raise GradingFailure(f"{exercise}: define a function named `{name}` (found {type(fn).__name__}).")
     return fn
 
 
-def grade_part(part: str, checks: dict[str, Callable[[], None]]) -> None:
-    """Run the check of one graded part (each hidden test cell grades one part)."""
-    if part not in checks:
-        raise ValueError(f"unknown part {part!r}; use one of {tuple(checks)}")
-    checks[part]()
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
 
 
-def describe_values(values: Any, limit: int = 8) -> str:
-    """A short text of a tensor's values for feedback."""
-    try:
-        flat = values.reshape(-1).tolist()
-    except AttributeError:
-        return repr(values)
-    text = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat[:limit])
-    return f"[{text}{', ...' if len(flat) > limit else ''}] ({len(flat)} values)"
+def _owner(filename: str) -> str:
+    """Whose code a traceback frame is in: ``"course"``, ``"library"`` or ``"learner"``."""
+    if filename.startswith("<frozen"):
+        return "library"
+    path = filename if filename.startswith("<") else os.path.abspath(filename)
+    if _within(path, PACKAGE_DIR):
+        return "course"
+    if any(_within(path, lib) for lib in _LIBRARY_DIRS):
+        return "library"
+    return "learner"  # a notebook cell, or any other file of the learner's
+
+
+def course_frame(rank_traceback: str) -> str | None:
+    """The innermost frame of a rank's traceback when it lies in the autograder package, else None.
+
+    Frames of libraries (the standard library, installed packages, ``helpers``) are passed
+    over: a check that calls torch wrongly is still the course's fault, and a learner's
+    call that fails inside torch is still the learner's. The first frame that is neither
+    decides: in the ``autograder`` package it is the course's fault, anywhere else (a
+    notebook cell) the learner's.
+
+    >>> course_frame('  File "/tmp/ipykernel_1/2.py", line 3, in ring_allreduce\\n') is None
+    True
+    """
+    for match in reversed(list(_FRAME.finditer(rank_traceback or ""))):
+        owner = _owner(match["file"])
+        if owner != "library":
+            return match.group(0).strip() if owner == "course" else None
+    return None
+
+
+def _raised_by_learner(rank_traceback: str) -> bool:
+    """True when the innermost frame of all is the learner's: their own ``raise``, not a library's."""
+    frames = list(_FRAME.finditer(rank_traceback or ""))
+    return bool(frames) and _owner(frames[-1]["file"]) == "learner"
+
+
+def _traceback_tail(text: str, lines: int = 6) -> str:
+    tail = text.strip().splitlines()[-lines:] if text else []
+    return "\n".join(tail)
+
+
+def _stub_failure(part: str, function: str, exercise: str, text: str) -> GradingFailure:
+    return GradingFailure(
+        f"{part}: `{function}` still raises NotImplementedError ({text or 'NotImplementedError'}). "
+        f"Replace the `raise NotImplementedError(...)` line of {exercise} with your code, run that "
+        "cell, then run this one again."
+    )
 
 
 def run_ranks(
@@ -85,21 +166,30 @@ def run_ranks(
     world_size: int,
     args: Sequence[Any] = (),
     *,
+    exercise: str,
+    function: str,
     context: str = "",
     timeout: float = 10.0,
-    forbid: Sequence[str] = (),
+    forbid: Mapping[str, str] | None = None,
     trace: bool = False,
     nnodes: int = 1,
     init: bool = True,
-    hints: dict[str, str] | None = None,
+    hints: Mapping[str, str] | None = None,
 ) -> LaunchResult:
-    """Run ``worker`` on fresh ranks; turn a crash or hang into learner feedback.
+    """Run ``worker(rank, world_size, *args)`` on fresh gloo ranks; turn every failure into feedback.
 
-    ``nnodes`` simulates hosts, ``init=False`` leaves the process group to the worker,
-    and ``hints`` maps a rank's exception type name to a sentence added to the feedback.
+    ``exercise`` ("Exercise 4.1") and ``function`` (the learner's function name) word the
+    feedback; ``forbid`` maps calls to switch off to the reason the learner reads;
+    ``nnodes`` simulates hosts; ``init=False`` leaves the process group to the worker;
+    ``hints`` maps the type name of a rank's exception to a sentence added to the feedback.
+
+    Raises :class:`GradingFailure` when the learner's code hangs, crashes, calls a
+    switched-off function or is still a stub, and :class:`CheckError` when a rank fails
+    inside the autograder's own files.
     """
     hosts = f" on {nnodes} simulated hosts" if nnodes > 1 else ""
     where = f"on {world_size} rank{'s' if world_size != 1 else ''}{hosts}" + (f", {context}" if context else "")
+    forbid = dict(forbid or {})
     try:
         return launch(
             worker,
@@ -107,7 +197,7 @@ def run_ranks(
             tuple(args),
             timeout=timeout,
             output="quiet",
-            forbid=dict.fromkeys(forbid, _REASON),
+            forbid=forbid,
             trace=trace,
             backend="gloo",
             nnodes=nnodes,
@@ -122,15 +212,17 @@ def run_ranks(
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
-            raise GradingFailure(
-                f"{part}: rank {err.rank} called a built-in collective {where}: {err.exc_message}"
+            what = "a built-in collective" if set(forbid) <= set(helpers.COLLECTIVES) else "a switched-off call"
+            raise GradingFailure(f"{part}: rank {err.rank} called {what} {where}: {err.exc_message}") from None
+        fault = course_frame(err.rank_traceback)
+        if fault is not None:
+            raise CheckError(
+                exercise, part, f"rank {err.rank} raised {err.exc_type}: {err.exc_message} {where}",
+                _traceback_tail(err.rank_traceback),
             ) from None
-        what = (
-            f"raised {err.exc_type}: {err.exc_message}"
-            if err.exc_type
-            else err.exc_message
-        )
+        if err.exc_type == "NotImplementedError" and _raised_by_learner(err.rank_traceback):
+            raise _stub_failure(part, function, exercise, err.exc_message) from None
+        what = f"raised {err.exc_type}: {err.exc_message}" if err.exc_type else err.exc_message
         hint = f"\n  {hints[err.exc_type]}" if hints and err.exc_type in hints else ""
-        tb = err.rank_traceback.strip().splitlines()[-6:] if err.rank_traceback else []
-        detail = ("\n" + "\n".join(tb)) if tb else ""
-        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{hint}{detail}") from None
+        tail = _traceback_tail(err.rank_traceback)
+        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{hint}" + (f"\n{tail}" if tail else "")) from None

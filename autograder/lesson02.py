@@ -1,33 +1,36 @@
-"""Hidden-test checks for lesson 02: the learner's ``ring_sum(rank, world_size)``.
+"""Lesson 02's graded exercise: 2.1, the ring sum ``ring_sum(rank, world_size)``.
 
-The exercise: pass a token round a ring so that every rank ends with
+The learner passes a token round a ring so that every rank ends with
 ``0 + 1 + ... + (world_size - 1)``, using point-to-point calls only (send, recv, isend,
 irecv, batch_isend_irecv, send_object_list, recv_object_list), on any world size from 1
-to 6. The function returns the total as an int or a one-element tensor, on every rank.
-It must leave nothing behind: it is called several times in a row on the same group.
+to 6, and returns the total as an int or a one-element tensor on every rank. It must
+leave nothing behind: it is called several times in a row on the same group.
 
-Graded in three parts, each its own hidden test cell::
+Hidden test cells (one per part) and the visible self-check::
 
-    check_ring_sum(ring_sum, part="correct")
-    check_ring_sum(ring_sum, part="point_to_point")
-    check_ring_sum(ring_sum, part="no_hang")
+    from autograder import exercise
+    exercise("2.1").grade(ring_sum, "correct")     # also "point_to_point", "no_hang"
+    exercise("2.1").self_check(ring_sum)           # 2 and 3 ranks
 
-``self_check(ring_sum)`` is the visible check learners run: 2 and 3 ranks, with
-messages they can act on.
+Example (an answer that always returns 0 is right on one rank only)::
+
+    >>> from autograder.kit import GradingFailure
+    >>> try:
+    ...     exercise_2_1.grade(lambda rank, world_size: 0, "correct")
+    ... except GradingFailure as err:
+    ...     print(err)
+    correct: on 2 ranks, rank 0 returned 0; every rank should return 0 + 1 + ... + 1 = 1.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .harness import COLLECTIVES, GradingFailure, grade_part, require_function, run_ranks
+from helpers import DATA_COLLECTIVES
 
-__all__ = ["check_ring_sum", "self_check", "PARTS", "FORBIDDEN"]
+from .kit import Attempt, Exercise, Part, plural, silent_ranks
 
-PARTS = ("correct", "point_to_point", "no_hang")
-# Every built-in collective, the object ones included: the token must travel by
-# point-to-point messages.
-FORBIDDEN = COLLECTIVES  # the object collectives included
+__all__ = ["EXERCISES", "exercise_2_1"]
 
 
 def _as_number(value: Any) -> dict:
@@ -49,67 +52,69 @@ def _worker(rank: int, world_size: int, fn: Callable, repeats: int) -> list[dict
     return [_as_number(fn(rank, world_size)) for _ in range(repeats)]
 
 
-def _judge(part: str, world: int, rows_per_rank: list[list[dict]]) -> None:
+def _judge(attempt: Attempt, world: int, rows_per_rank: list[list[dict]]) -> None:
     expected = sum(range(world))
     for rank, rows in enumerate(rows_per_rank):
         for call, row in enumerate(rows):
             again = f" (call {call + 1} in a row)" if call else ""
-            ranks = f"{world} rank{'s' if world > 1 else ''}"
             if not row["ok"]:
-                raise GradingFailure(f"{part}: on {ranks}, rank {rank} returned {row['why']}{again}.")
+                attempt.fail(f"on {plural(world, 'rank')}, rank {rank} returned {row['why']}{again}.")
             if row["value"] != expected:
-                raise GradingFailure(
-                    f"{part}: on {ranks}, rank {rank} returned {row['value']!r}{again}; every rank should "
+                attempt.fail(
+                    f"on {plural(world, 'rank')}, rank {rank} returned {row['value']!r}{again}; every rank should "
                     f"return 0 + 1 + ... + {world - 1} = {expected}."
                     + (" With one rank there is nobody to talk to: return 0." if world == 1 else "")
                 )
 
 
-def _check_correct(fn: Callable, worlds: tuple, part: str, timeout: float = 10.0) -> None:
+def _correct(attempt: Attempt, worlds: tuple[int, ...] = (1, 2, 3, 4, 5, 6)) -> None:
     for world in worlds:
-        result = run_ranks(part, _worker, world, (fn, 1), timeout=timeout)
-        _judge(part, world, list(result))
+        result = attempt.run(_worker, world, (attempt.fn, 1), timeout=10.0)
+        _judge(attempt, world, list(result))
 
 
-def _check_p2p(fn: Callable) -> None:
-    part = "point_to_point"
+def _point_to_point(attempt: Attempt) -> None:
     for world in (2, 3, 5):
-        result = run_ranks(part, _worker, world, (fn, 1), forbid=FORBIDDEN, trace=True, timeout=8.0)
-        _judge(part, world, list(result))
-        summary = result.trace.summary()
-        for rank in range(world):
-            row = summary[rank]
-            if row["sent_messages"] == 0 or row["recv_messages"] == 0:
-                what = "sent" if row["sent_messages"] == 0 else "received"
-                raise GradingFailure(
-                    f"{part}: on {world} ranks, rank {rank} {what} no point-to-point message, yet it "
-                    "returned the right total. In a ring every rank receives the token from its left "
-                    "neighbour and passes it to its right one: the total must travel by messages."
-                )
+        result = attempt.run(_worker, world, (attempt.fn, 1), forbid=True, trace=True, timeout=8.0)
+        _judge(attempt, world, list(result))
+        quiet = silent_ranks(result)
+        if quiet:
+            rank, what = quiet[0]
+            attempt.fail(
+                f"on {world} ranks, rank {rank} {what} no point-to-point message, yet it returned the "
+                "right total. In a ring every rank receives the token from its left neighbour and passes "
+                "it to its right one: the total must travel by messages."
+            )
 
 
-def _check_no_hang(fn: Callable) -> None:
-    part = "no_hang"
+def _no_hang(attempt: Attempt) -> None:
     for world in (2, 3, 4, 5, 6):
         # Three calls in a row: a message left unreceived by one call would be picked up by
         # the next one (or block it), and an isend that is never waited on may be lost.
-        result = run_ranks(part, _worker, world, (fn, 3), timeout=6.0, context="three calls in a row")
-        _judge(part, world, list(result))
+        result = attempt.run(_worker, world, (attempt.fn, 3), timeout=6.0, context="three calls in a row")
+        _judge(attempt, world, list(result))
 
 
-def check_ring_sum(fn: Any, part: str) -> None:
-    """Grade one part of the ring-sum exercise; raises GradingFailure with feedback."""
-    fn = require_function(fn, "ring_sum", "Exercise 2.1")
-    grade_part(part, {
-        "correct": lambda: _check_correct(fn, (1, 2, 3, 4, 5, 6), part),
-        "point_to_point": lambda: _check_p2p(fn),
-        "no_hang": lambda: _check_no_hang(fn),
-    })
+def _self_check(attempt: Attempt) -> str:
+    _correct(attempt, (2, 3))
+    return ("Self-check passed: every rank returned the right total on 2 and 3 ranks. The hidden "
+            "tests also try 1 to 6 ranks, with collectives disabled, and call ring_sum three times in a row.")
 
 
-def self_check(fn: Any) -> None:
-    """The visible check: 2 and 3 ranks. Prints what passed; raises on failure."""
-    fn = require_function(fn, "ring_sum", "Exercise 2.1")
-    _check_correct(fn, (2, 3), "self-check", timeout=10.0)
-    print("Self-check passed: every rank returned the right total on 2 and 3 ranks. The hidden "
-          "tests also try 1 to 6 ranks, with collectives disabled, and call ring_sum three times in a row.")
+exercise_2_1 = Exercise(
+    number="2.1",
+    function="ring_sum",
+    title="ring sum",
+    parts=(
+        Part("correct", 2, "every rank returns the right total on 1 to 6 ranks.", _correct),
+        Part("point_to_point", 1, "still right with the collectives switched off; every rank sends and receives.",
+             _point_to_point),
+        Part("no_hang", 1, "no hang on 2 to 6 ranks, three calls in a row.", _no_hang),
+    ),
+    visible_check=_self_check,
+    forbid=DATA_COLLECTIVES,  # the object collectives too: the token must travel by messages
+    forbid_reason="in exercise 2.1 the token travels round the ring by point-to-point messages (send, recv, "
+                  "isend, irecv), not by a collective",
+)
+
+EXERCISES = (exercise_2_1,)

@@ -1,4 +1,14 @@
-"""nbgrader preprocessors used by this course (configured in nbgrader_config.py)."""
+"""nbgrader preprocessors used by this course (configured in nbgrader_config.py), and the stub text.
+
+:data:`STUB` is the line nbgrader puts in place of a solution (``nbgrader_config.py``
+imports :data:`CODE_STUB` from here); :class:`NameExerciseStubs` then rewrites it to name
+the exercise.
+
+Example::
+
+    >>> CODE_STUB.splitlines()[-1] == STUB
+    True
+"""
 
 from __future__ import annotations
 
@@ -6,9 +16,12 @@ import re
 
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-__all__ = ["NameExerciseStubs"]
+__all__ = ["STUB", "CODE_STUB", "NameExerciseStubs", "RestoreMissingCells"]
 
-_DEFAULT = 'raise NotImplementedError("Replace this line with your code")'
+# The one place the stub text is written: nbgrader's ClearSolutions inserts CODE_STUB,
+# NameExerciseStubs looks for STUB in it.
+STUB = 'raise NotImplementedError("Replace this line with your code")'
+CODE_STUB = "# YOUR CODE HERE\n" + STUB
 _EXERCISE = re.compile(r"#\s*(Exercise\s+[\w.]+\s*:[^\n]*)")
 
 
@@ -21,11 +34,11 @@ class NameExerciseStubs(NbGraderPreprocessor):
     """
 
     def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "code" and _DEFAULT in cell.source:
+        if cell.cell_type == "code" and STUB in cell.source:
             m = _EXERCISE.search(cell.source)
             if m:
                 name = m.group(1).strip().replace('"', "'")
-                cell.source = cell.source.replace(_DEFAULT, f'raise NotImplementedError("{name}")')
+                cell.source = cell.source.replace(STUB, f'raise NotImplementedError("{name}")')
         return cell, resources
 
 

@@ -2,10 +2,11 @@
 
 Run: ``make bench-grading`` or ``.venv/bin/python bench/grading_bench.py [--kinds solution,stubs,deadlock] [--json PATH]``
 
-For every lesson, in a throw-away copy of the course (autograder.sandbox), this grades
+For every lesson, in a throw-away copy of the course (autograder.scratch), this grades
 one learner's notebook per kind with ``python -m autograder grade``, the instructor's
-command, and reads back the seconds each ``nbgrader autograde`` took and the longest
-single cell (from the cells' execution timestamps in the autograded notebook):
+command, and reads back the seconds each ``nbgrader autograde`` took and the score (from
+the run's record, ``autograder/grading-run.json`` in that copy) and the longest single
+cell (from the cells' execution timestamps in the autograded notebook):
 
 - ``solution``: the instructor's notebook handed in as a learner's (full marks);
 - ``stubs``: the learner notebook untouched (every exercise raises NotImplementedError);
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from _common import machine_line  # noqa: E402
 
 from autograder.course import lessons  # noqa: E402
-from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0
 DEADLOCK = '''def ring_allreduce(tensor):
@@ -94,15 +94,13 @@ def main() -> int:
         if done.returncode != 0:
             print(done.stdout, done.stderr)
             return 1
-        seconds = {(m.group(1), m.group(2)): float(m.group(3))
-                   for m in re.finditer(r"autograded (\S+)/(\S+) in ([\d.]+) s", done.stdout)}
-        scores = {(m.group(1), m.group(2)): (float(m.group(3)), float(m.group(4)))
-                  for m in re.finditer(r"^\s+(\S+)\s+(\S+)\s+([\d.]+) / ([\d.]+)$", done.stdout, re.M)}
-        for (kind, lesson), secs in sorted(seconds.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        record = json.loads((root / "autograder" / "grading-run.json").read_text())
+        for run in sorted(record["submissions"], key=lambda r: (r["lesson"], r["student"])):
+            kind, lesson = run["student"], run["lesson"]
             graded = root / "autograder" / "autograded" / kind / lesson / f"{lesson}.ipynb"
-            rows.append({"lesson": lesson, "kind": kind, "seconds": secs,
-                         "longest_cell": _longest_cell(graded) if graded.is_file() else None,
-                         "score": scores.get((kind, lesson))})
+            score = (run["score"], run["max_score"]) if run["score"] is not None else None
+            rows.append({"lesson": lesson, "kind": kind, "seconds": run["seconds"], "status": run["status"],
+                         "longest_cell": _longest_cell(graded) if graded.is_file() else None, "score": score})
 
     print(f"Autograding one submission, real nbgrader; machine: {machine_line()}\n")
     print(f"{'lesson':<24} {'submission':<10} {'seconds':>8} {'longest cell':>13} {'score':>12}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
 
 LESSON = "04-ring-all-reduce"
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,23 +44,19 @@ RECEIVE_FIRST = '''def ring_allreduce(tensor):
 '''
 
 
-def _cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text())["cells"]
-
-
 def _ids(path: Path) -> tuple[str, dict[str, str]]:
-    """The exercise cell's grade_id, and each graded test cell's id -> its part name."""
-    exercise, parts = None, {}
-    for cell in _cells(path):
+    """The exercise cell's grade_id, and each graded test cell's id -> the part it grades."""
+    from autograder import exercise
+    from autograder.cells import graded_cells
+
+    ex = exercise("4.1")
+    exercise_id = None
+    for cell in json.loads(path.read_text())["cells"]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        src = "".join(cell["source"])
-        if meta.get("solution") and "def ring_allreduce" in src:
-            exercise = meta["grade_id"]
-        if meta.get("grade") and meta.get("points"):
-            for part in ("correct", "point_to_point", "bandwidth", "no_hang"):
-                if f'part="{part}"' in src or f"part='{part}'" in src:
-                    parts[meta["grade_id"]] = part
-    return exercise, parts
+        if meta.get("solution") and f"def {ex.function}" in "".join(cell["source"]):
+            exercise_id = meta["grade_id"]
+    parts = {cell.grade_id: cell.part for cell in graded_cells(path) if cell.number == ex.number}
+    return exercise_id, parts
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +167,20 @@ def test_grades_csv_lists_every_learner(graded):
     total = sum(_points(root, parts).values())
     assert float(rows["alice"]["score"]) == pytest.approx(total + _other_points(root, parts))
     assert float(rows["erin"]["score"]) == 0
+
+
+def test_grading_run_record_matches_the_gradebook(graded):
+    """Does autograder/grading-run.json record every learner's seconds, status and score, as the gradebook has them?"""
+    root, _, parts, _ = graded
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    runs = {run["student"]: run for run in record["submissions"]}
+    assert set(runs) == {"alice", "bob", "carol", "dave", "erin", "frank"}
+    points = _points(root, parts)
+    total = sum(points.values()) + _other_points(root, parts)
+    for run in runs.values():
+        assert run["lesson"] == LESSON and run["status"] == "ok" and run["seconds"] > 0, run
+        assert run["max_score"] == pytest.approx(total), run
+    assert runs["alice"]["score"] == pytest.approx(total)
+    assert runs["bob"]["score"] == pytest.approx(total - points["bandwidth"])
+    assert runs["erin"]["score"] == 0
+    assert record["seconds"] >= sum(run["seconds"] for run in runs.values())

@@ -216,6 +216,7 @@ IGNORED = [
     "autograder/feedback/alice/ps1/ps1.html",
     "autograder/grades.csv",
     ".nbgrader.log",
+    "autograder/grading-run.json",
 ]
 NOT_IGNORED = [
     "autograder/lesson04.py",

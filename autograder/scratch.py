@@ -1,10 +1,22 @@
-"""A throw-away copy of the course for trying the grading workflow (tests and benchmarks).
+"""Scratch copies of the course for trying the grading workflow (used by tests and benchmarks).
 
-``course_copy(folder)`` copies nbgrader_config.py, solutions/ and course/ into ``folder``;
-with ``COURSE_ROOT=folder`` the instructor commands (``python -m autograder ...``) then
-work there, leaving the repository's gradebook and work folders alone.
-``submission_from_release(...)`` makes a learner's notebook from a released one, with
-chosen exercise cells filled in.
+Nothing here isolates or restricts code: these are plain folders and files, meant to be
+thrown away, so that grading trials never touch the repository's gradebook and work
+folders.
+
+- ``course_copy(folder)`` copies nbgrader_config.py, solutions/ and course/ into
+  ``folder``; ``run_instructor_command(folder, ...)`` then runs ``python -m autograder
+  ...`` there (with ``COURSE_ROOT=folder``).
+- ``solution_source(lesson, grade_id)`` is the instructor's code of one exercise cell.
+- ``submission(release, target, answers, drop, edit)`` writes a learner's notebook from a
+  released one, with chosen exercise cells filled in, cells deleted or cells edited.
+
+Example::
+
+    >>> import tempfile, pathlib
+    >>> root = course_copy(pathlib.Path(tempfile.mkdtemp()) / "course", lessons=["00-getting-started"])
+    >>> sorted(p.name for p in root.iterdir())
+    ['autograder', 'course', 'nbgrader_config.py', 'solutions']
 """
 
 from __future__ import annotations

@@ -1,0 +1,286 @@
+"""The declared exercises: do the notebooks' graded cells match them, and who gets the blame when a check breaks?
+
+Fast: no nbgrader run. The checks that start ranks use the course's own launcher, on 1-3
+ranks, a second or so each.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import autograder
+from autograder import exercise, exercises
+from autograder.cells import graded_cells, problems, hidden_test_source
+from autograder.harness import CheckError, GradingFailure, course_frame
+from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
+from autograder.reference import ring_allreduce
+from helpers import COLLECTIVES, DDP, POINT_TO_POINT
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
+
+
+# -- the notebooks against the declarations ------------------------------------------------
+
+
+def test_every_lesson_has_its_module_and_every_module_its_lesson():
+    """Is there an autograder/lessonNN.py for every lesson notebook with graded cells, and a notebook for every module?"""
+    modules = {int(p.stem[len("lesson"):]) for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py")}
+    notebooks = {int(p.name.split("-")[0]) for p in NOTEBOOKS}
+    graded = {int(p.name.split("-")[0]) for p in NOTEBOOKS if graded_cells(p)}
+    assert graded <= modules, f"lessons with graded cells but no autograder module: {sorted(graded - modules)}"
+    assert modules <= notebooks, f"autograder modules without a lesson notebook: {sorted(modules - notebooks)}"
+    assert {ex.lesson for ex in exercises()} == modules
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_graded_cells_match_the_declared_exercises(notebook):
+    """Does every graded cell name a declared part with its declared points, in the one uniform shape, and does every part have exactly one cell?"""
+    found = problems(notebook)
+    assert found == [], "\n\n".join(found)
+
+
+def test_a_mismatched_notebook_is_reported(tmp_path):
+    """Would the check above catch wrong points, a missing part, a duplicated part and an old-style cell?"""
+    nb = json.loads((ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb").read_text())
+    by_id = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
+    by_id["ex41-correct"]["metadata"]["nbgrader"]["points"] = 5
+    by_id["ex41-bandwidth"]["source"] = by_id["ex41-no-hang"]["source"]  # no_hang twice, bandwidth never
+    by_id["ex41-point-to-point"]["source"] = [
+        "### BEGIN HIDDEN TESTS\n", "from autograder.lesson04 import check_ring_allreduce\n",
+        'check_ring_allreduce(ring_allreduce, part="point_to_point")\n', "### END HIDDEN TESTS"]
+    copy = tmp_path / "04-ring-all-reduce.ipynb"
+    copy.write_text(json.dumps(nb))
+    found = "\n".join(problems(copy))
+    assert "nbgrader gives it 5 points, Exercise 4.1 declares 4" in found
+    assert "part 'bandwidth' has 0 graded cells" in found
+    assert "part 'no_hang' has 2 graded cells" in found
+    assert "(ex41-point-to-point): a graded cell must make exactly one call" in found
+
+
+def test_the_uniform_cell_names_everything_once():
+    """Is a hidden test cell one heading, one import and one grade call, all taken from the declaration?"""
+    ex = exercise("4.1")
+    lines = hidden_test_source(ex, "bandwidth").splitlines()
+    assert lines == [
+        '# Exercise 4.1, part "bandwidth" (3 points): each rank sends exactly 2(p-1) messages of at most '
+        "ceil(n/p) elements.",
+        "from autograder import exercise",
+        "### BEGIN HIDDEN TESTS",
+        'exercise("4.1").grade(ring_allreduce, "bandwidth")',
+        "### END HIDDEN TESTS",
+    ]
+
+
+# -- the declarations themselves -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ex", exercises(), ids=lambda ex: ex.number)
+def test_declarations_are_complete(ex):
+    """Does each exercise have a title, a self-check, parts with whole positive points and a heading sentence, and known switched-off calls with a reason?"""
+    assert ex.title and ex.function.isidentifier()
+    assert ex.visible_check is not None, f"{ex.label} has no visible self-check"
+    for part in ex.parts:
+        assert isinstance(part.points, int) and part.points > 0, (ex.label, part)
+        assert part.name.isidentifier() and part.says.endswith("."), (ex.label, part.name)
+    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | set(DDP)
+    assert bool(ex.forbid) == bool(ex.forbid_reason)
+
+
+def test_points_per_lesson_are_unchanged():
+    """Are the points per part what the lessons have always given (0: 1, 1: 4, 2: 4, 3: 8, 4: 10)?"""
+    points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
+    assert points == {
+        "0.1": {"hello": 1},
+        "1.1": {"one_host": 1, "several_hosts": 1},
+        "1.2": {"share_run_id": 2},
+        "2.1": {"correct": 2, "point_to_point": 1, "no_hang": 1},
+        "3.1": {"correct": 2, "point_to_point": 1, "no_hang": 1},
+        "3.2": {"correct": 2, "point_to_point": 1, "no_hang": 1},
+        "4.1": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
+    }
+
+
+def test_lookups_that_fail_say_what_exists():
+    """Does asking for an unknown exercise or part name what there is instead?"""
+    with pytest.raises(LookupError, match=r"autograder/lesson97\.py"):
+        exercise("97.1")
+    with pytest.raises(LookupError, match=r"declares no exercise 4\.9 \(it has 4\.1\)"):
+        exercise("4.9")
+    with pytest.raises(ValueError, match="look like '4.1'"):
+        exercise("four")
+    with pytest.raises(ValueError, match="correct, point_to_point, bandwidth, no_hang"):
+        exercise("4.1").grade(ring_allreduce, "speed")
+
+
+def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypatch):
+    """Does a lessonNN.py placed in the package show up in exercise() and exercises() with nothing else changed?"""
+    (tmp_path / "lesson97.py").write_text(
+        "from .kit import Exercise, Part, call_learner\n"
+        "def _check(attempt):\n"
+        "    if list(attempt.run(call_learner, 2, (attempt.fn,))) != [0, 1]:\n"
+        "        attempt.fail('every rank should return its rank.')\n"
+        "EXERCISES = (Exercise(number='97.1', function='me', title='me', parts=(Part('right', 1, 'ranks.', _check),),"
+        " visible_check=lambda attempt: 'passed'),)\n"
+    )
+    monkeypatch.setattr(autograder, "__path__", [*autograder.__path__, str(tmp_path)])
+    try:
+        assert exercise("97.1").points == 1
+        assert "97.1" in [ex.number for ex in exercises()]
+        exercise("97.1").grade(lambda rank, world_size: rank, "right")
+        with pytest.raises(GradingFailure, match="right: every rank should return its rank"):
+            exercise("97.1").grade(lambda rank, world_size: 0, "right")
+    finally:
+        sys.modules.pop("autograder.lesson97", None)
+
+
+# -- whose fault is it? -------------------------------------------------------------------------
+
+
+def _exercise_with(check) -> Exercise:
+    return Exercise(number="9.1", function="ring_allreduce", title="broken on purpose",
+                    parts=(Part("broken", 1, "a check with a bug in it.", check),))
+
+
+def test_a_check_that_breaks_in_the_notebook_raises_the_courses_error():
+    """Does a bug in a check's own notebook-side code come out as CheckError, blaming the course, not the learner?"""
+
+    def buggy(attempt):
+        return {}["no such key"]  # a check with a bug
+
+    with pytest.raises(CheckError) as info:
+        _exercise_with(buggy).grade(ring_allreduce, "broken")
+    err = info.value
+    assert not isinstance(err, GradingFailure)
+    text = str(err)
+    assert 'Exercise 9.1, part "broken"' in text and "KeyError: 'no such key'" in text
+    assert "not in your answer" in text and "tell your instructor" in text
+    assert isinstance(err.__cause__, KeyError)
+
+
+def test_a_check_that_breaks_inside_a_rank_raises_the_courses_error():
+    """Does a rank failing inside the autograder's own files (a typo in a case table) come out as CheckError?"""
+    lesson04 = importlib.import_module("autograder.lesson04")
+
+    def typo_in_cases(attempt):
+        attempt.run(lesson04._correct_worker, 2, (attempt.fn, [((3,), "float23")], 1), timeout=10.0)
+
+    with pytest.raises(CheckError) as info:
+        _exercise_with(typo_in_cases).grade(ring_allreduce, "broken")
+    text = str(info.value)
+    assert 'Exercise 9.1, part "broken"' in text and "AttributeError" in text and "float23" in text
+    assert "not in your answer" in text and "autograder" in text  # the frame, for the instructor
+
+
+def test_a_learner_exception_is_still_the_learners():
+    """Does an exception raised in the learner's own code stay a GradingFailure naming it?"""
+
+    def raises(tensor):
+        raise ValueError("my mistake")
+
+    with pytest.raises(GradingFailure, match=r"correct: rank \d raised ValueError: my mistake on 1 rank"):
+        exercise("4.1").grade(raises, "correct")
+
+
+def test_a_learner_error_inside_torch_is_still_the_learners():
+    """Does a wrong torch.distributed call by the learner (failing inside torch) stay the learner's fault?"""
+
+    def bad_peer(tensor):
+        dist.send(tensor, dst=dist.get_world_size() + 3)
+
+    with pytest.raises(GradingFailure) as info:
+        exercise("4.1").grade(bad_peer, "no_hang")
+    assert not isinstance(info.value, CheckError)
+
+
+def test_an_untouched_stub_gets_the_stub_feedback():
+    """Does the stub's NotImplementedError give the 'replace the raise line' feedback, naming the exercise?"""
+
+    def stub(tensor):
+        raise NotImplementedError("Exercise 4.1: ring all-reduce")
+
+    with pytest.raises(GradingFailure, match=r"bandwidth: `ring_allreduce` still raises NotImplementedError "
+                                             r"\(Exercise 4\.1: ring all-reduce\)\. Replace the"):
+        exercise("4.1").grade(stub, "bandwidth")
+
+
+def test_a_switched_off_call_gives_the_lessons_own_reason():
+    """Does calling dist.all_reduce in the ring say it is switched off, with lesson 04's reason?"""
+
+    def builtin(tensor):
+        dist.all_reduce(tensor)
+
+    ex = exercise("4.1")
+    with pytest.raises(GradingFailure) as info:
+        ex.grade(builtin, "point_to_point")
+    text = str(info.value)
+    assert "called a built-in collective" in text and "switched off here" in text and ex.forbid_reason in text
+
+
+def test_a_function_the_ranks_cannot_receive_is_the_learners_fault():
+    """Does a function that cannot be pickled (it holds a lock) get learner feedback, not the course's error?"""
+    import threading
+
+    lock = threading.Lock()
+
+    def locked(tensor):
+        with lock:
+            tensor += 0
+
+    with pytest.raises(GradingFailure, match="correct: `ring_allreduce` cannot be sent to the fresh processes"):
+        exercise("4.1").grade(locked, "correct")
+
+
+def test_a_missing_function_is_named():
+    """Does grading something that is not a function ask for the function by name?"""
+    with pytest.raises(GradingFailure, match="Exercise 2.1: define a function named `ring_sum`"):
+        exercise("2.1").grade(None, "correct")
+
+
+def test_course_frame_finds_the_innermost_frame_that_is_not_a_library():
+    """Is a traceback blamed on the course only when its innermost non-library frame is in autograder/?"""
+    grader = ROOT / "autograder" / "lesson04.py"
+    torch_file = Path(dist.__file__)
+    learner = '  File "/tmp/ipykernel_7/12.py", line 4, in ring_allreduce\n'
+    ours = f'  File "{grader}", line 70, in _correct_worker\n'
+    library = f'  File "{torch_file}", line 9, in send\n'
+    assert course_frame(ours + learner) is None
+    assert course_frame(ours + learner + library) is None
+    assert course_frame(ours + library) is not None and "_correct_worker" in course_frame(ours + library)
+    assert course_frame("") is None
+
+
+# -- the shared pieces --------------------------------------------------------------------------
+
+
+def test_shared_pieces():
+    """Do the kit's small helpers give what the checks rely on?"""
+    assert plural(1, "rank") == "1 rank" and plural(3, "rank") == "3 ranks"
+    assert by_world_size([(3, "a"), (1, "b"), (3, "c")]) == [(1, [("b",)]), (3, [("a",), ("c",)])]
+    a = seeded_tensor((4,), "float32", 5, 2)
+    assert a.equal(seeded_tensor((4,), "float32", 5, 2)) and not a.equal(seeded_tensor((4,), "float32", 5, 3))
+    small = seeded_tensor((50,), "int64", 5, 0, int_range=(-50, 50))
+    assert int(small.abs().max()) <= 50
+    diff = first_difference(a + 1e-7, a, tolerance=1e-4)
+    assert diff is None
+    wrong = a.clone()
+    wrong[2] = 99.0
+    diff = first_difference(wrong, a)
+    assert diff.what == "first wrong element at flat index 2" and "expected" in diff.excerpt
+    assert "shape" in first_difference(a[:2], a).what
+
+
+@pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
+    "kit", "harness", "cells", "preprocessors", "scratch", "lesson00", "lesson01", "lesson02", "lesson03", "lesson04")])
+def test_docstring_examples_run(module):
+    """Do the runnable examples in the autograder's docstrings give what they show?"""
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{module} shows no runnable example"
+    assert result.failed == 0, f"{result.failed} docstring examples of {module} failed"
