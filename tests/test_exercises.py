@@ -90,12 +90,12 @@ def test_declarations_are_complete(ex):
     for part in ex.parts:
         assert isinstance(part.points, int) and part.points > 0, (ex.label, part)
         assert part.name.isidentifier() and part.says.endswith("."), (ex.label, part.name)
-    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | set(DDP)
+    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | {DDP}
     assert bool(ex.forbid) == bool(ex.forbid_reason)
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons have always given (0: 1, 1: 4, 2: 4, 3: 8, 4: 10)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 8, 4: 10, 5: 10)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -105,6 +105,8 @@ def test_points_per_lesson_are_unchanged():
         "3.1": {"correct": 2, "point_to_point": 1, "no_hang": 1},
         "3.2": {"correct": 2, "point_to_point": 1, "no_hang": 1},
         "4.1": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
+        "5.1": {"correct": 2, "unused_frozen_tied": 1, "parameters_unchanged": 1, "training": 2},
+        "5.2": {"same_steps": 2, "sharding": 2},
     }
 
 

@@ -1,0 +1,513 @@
+"""Lesson 05's graded exercises: 5.1 ``average_gradients(model)`` and 5.2 ``train(...)``.
+
+Exercise 5.1: after ``loss.backward()`` on every rank, replace each parameter's ``.grad``,
+in place, with its mean over all ranks of the default group. Frozen parameters, and
+parameters with no gradient on any rank, are left alone; a parameter with a gradient on
+some ranks only counts as zero on the others. Parameters themselves must not change.
+
+Exercise 5.2: ``train(rank, world_size, dataset, model, epochs, batch_size, lr)`` trains
+``model`` in place with data-parallel SGD on this rank's shard of ``dataset`` and returns
+this rank's loss at each step. In every epoch the ranks together see every sample once,
+each rank the same number. DistributedDataParallel is switched off.
+
+How the checks judge, without trusting the learner's kernel: every number is computed in
+fresh rank processes from data drawn at grading time, against a single-process reference
+computed there too. For 5.1 each rank also gets a *signature* gradient, 2 to the power of
+its rank, so the value it ends with says which ranks were summed and what it was divided
+by. For 5.2 the model records the inputs of every training forward pass, so the check
+knows which samples each rank used at each step, whatever sampler the learner chose, and
+replays those steps in one process.
+
+Hidden test cells and visible self-checks::
+
+    from autograder import exercise
+    exercise("5.1").grade(average_gradients, "correct")      # "unused_frozen_tied", "parameters_unchanged", "training"
+    exercise("5.1").self_check(average_gradients)
+    exercise("5.2").grade(train, "same_steps")               # "sharding"
+    exercise("5.2").self_check(train)
+
+Example (the instructor's answer passes)::
+
+    >>> from autograder.reference import average_gradients
+    >>> exercise_5_1.grade(average_gradients, "correct")
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from helpers import DDP
+
+from .kit import Attempt, Exercise, Part, fresh_seed, plural
+
+__all__ = ["EXERCISES", "exercise_5_1", "exercise_5_2"]
+
+TIMEOUT = 10.0
+# Parts where a learner's mismatched calls (a parameter skipped on some ranks only) hang:
+# a correct answer finishes in well under a second, so a hang costs less.
+TIMEOUT_UNUSED = 8.0
+# (model kind, dtype, world sizes): what the part "correct" runs.
+CORRECT_CASES = (("mlp", "float32", (1, 2, 3, 4, 8)), ("mlp", "float64", (3,)))
+SPECIAL_CASES = (("frozen", (2, 3)), ("unused_everywhere", (2,)), ("unused_on_rank_0", (2, 4)), ("tied", (3,)))
+_MODEL_WORDS = {
+    "mlp": "a two-layer model",
+    "frozen": "a model whose first layer's bias is frozen (requires_grad=False)",
+    "unused_everywhere": "a model with a second head no rank uses (its .grad stays None everywhere)",
+    "unused_on_rank_0": "a model with a second head that only rank 0's data goes through",
+    "tied": "a model whose two layers share one weight (tied weights)",
+}
+
+
+# -- models and data, the same on every process --------------------------------------------
+
+
+def _model(kind: str, dtype_name: str, seed: int):
+    import torch
+    import torch.nn as nn
+
+    class TwoHeads(nn.Module):
+        """``body`` then ``head``; ``spare``, where the kind has one, is a second head used
+        only where ``use_spare``; ``square`` (tied kind) is one weight applied twice."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(5, 6)
+            self.head = nn.Linear(6, 3)
+            self.spare = nn.Linear(6, 3) if kind in ("unused_everywhere", "unused_on_rank_0") else None
+            self.square = nn.Linear(6, 6, bias=False) if kind == "tied" else None
+
+        def forward(self, x, use_spare: bool = False):
+            h = torch.tanh(self.body(x))
+            if self.square is not None:
+                h = torch.tanh(self.square(torch.tanh(self.square(h))))
+            out = self.head(h)
+            return out + self.spare(h) if use_spare else out
+
+    torch.manual_seed(seed)
+    model = TwoHeads().to(getattr(torch, dtype_name))
+    if kind == "frozen":
+        model.body.bias.requires_grad_(False)
+    return model
+
+
+def _batch(seed: int, size: int, dtype_name: str):
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 17)
+    return torch.randn(size, 5, generator=g).to(getattr(torch, dtype_name)), torch.randint(0, 3, (size,), generator=g)
+
+
+def _shard_loss(model, kind: str, x, y, rank: int):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(model(x, use_spare=kind == "unused_on_rank_0" and rank == 0), y)
+
+
+def _reference_grads(kind: str, dtype_name: str, seed: int, world_size: int, per_rank: int) -> dict[str, Any]:
+    """The mean over ranks of each shard's gradient, computed in this one process.
+
+    For a plain model that is the whole batch's gradient; a parameter no shard touches
+    stays None.
+    """
+    x, y = _batch(seed, per_rank * world_size, dtype_name)
+    model = _model(kind, dtype_name, seed)
+    for r in range(world_size):
+        part = slice(r * per_rank, (r + 1) * per_rank)
+        (_shard_loss(model, kind, x[part], y[part], r) / world_size).backward()
+    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+
+
+# -- what runs on the ranks ----------------------------------------------------------------
+
+
+def _signature_worker(rank: int, world_size: int, fn: Callable) -> list[float]:
+    """Each rank's gradient is 2**rank everywhere; returns what each rank ends with."""
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    weight.grad = torch.full((3,), float(2 ** rank), dtype=torch.float64)
+    fn(torch.nn.ParameterList([weight]))
+    return weight.grad.tolist() if weight.grad is not None else None
+
+
+def _grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name: str, seed: int,
+                 per_rank: int, spread: bool) -> dict[str, Any]:
+    """One backward pass on this rank's shard, then the learner's averaging.
+
+    With ``spread`` every rank's weights differ a little (the learner must not touch them).
+    """
+    import torch
+
+    x, y = _batch(seed, per_rank * world_size, dtype_name)
+    model = _model(kind, dtype_name, seed)
+    if spread:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (rank + 1))
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    _shard_loss(model, kind, x[part], y[part], rank).backward()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    reference = None if spread else _reference_grads(kind, dtype_name, seed, world_size, per_rank)
+    fn(model)
+    return {
+        "reference": reference,
+        "grads": {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()},
+        "changed": [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])],
+        "equal_after": {name: p.detach().clone() for name, p in model.named_parameters()},
+    }
+
+
+def _training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, seed: int, steps: int,
+                     per_rank: int) -> dict[str, Any]:
+    """``steps`` steps with the learner's averaging, and the same steps in one process here."""
+    import torch
+
+    def make_optimizer(params):
+        if optimizer == "sgd":
+            return torch.optim.SGD(params, lr=0.1)
+        if optimizer == "momentum":
+            return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+        return torch.optim.Adam(params, lr=0.02)
+
+    def batch(step):
+        return _batch(seed + 1000 * (step + 1), per_rank * world_size, "float64")
+
+    single = _model("mlp", "float64", seed)  # one process on the whole batch, before the learner's code runs
+    opt_single = make_optimizer(single.parameters())
+    for step in range(steps):
+        x, y = batch(step)
+        opt_single.zero_grad()
+        _shard_loss(single, "mlp", x, y, rank).backward()
+        opt_single.step()
+    mine = _model("mlp", "float64", seed)
+    opt_mine = make_optimizer(mine.parameters())
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    for step in range(steps):
+        x, y = batch(step)
+        opt_mine.zero_grad()
+        _shard_loss(mine, "mlp", x[part], y[part], rank).backward()
+        fn(mine)
+        opt_mine.step()
+    worst = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), single.parameters()))
+    return {"worst": worst, "scale": max(p.abs().max().item() for p in single.parameters())}
+
+
+# -- judging 5.1 ---------------------------------------------------------------------------
+
+
+def _decode_signature(value: float, world_size: int) -> str:
+    """What a signature sum says: which ranks' 2**rank are in it, and what it was divided by."""
+    for divisor in (world_size, 1):
+        total = value * divisor
+        if abs(total - round(total)) < 1e-9 and 0 < round(total) < 2 ** world_size:
+            ranks = [r for r in range(world_size) if int(round(total)) >> r & 1]
+            divided = f"divided by {divisor}" if divisor != 1 else "not divided"
+            return f"the sum of ranks {ranks}'s gradients, {divided}"
+    return "no sum of the ranks' gradients"
+
+
+def _judge_signature(attempt: Attempt, world_size: int, values: list) -> None:
+    want = (2 ** world_size - 1) / world_size
+    where = f"on {plural(world_size, 'rank')}, each rank's gradient set to 2**rank (1, 2, 4, ...)"
+    got = [None if v is None else v[0] for v in values]
+    if all(v is not None and abs(v - want) < 1e-9 for v in got):
+        return
+    if any(v is None for v in got):
+        rank = got.index(None)
+        attempt.fail(f"{where}: rank {rank}'s .grad became None; it should hold the mean, {want:g}.")
+    summary = "; ".join(f"rank {r} ended with {v:g}" for r, v in enumerate(got))
+    hint = ""
+    if all(abs(v - (2 ** world_size - 1)) < 1e-9 for v in got):
+        hint = (f" Every rank holds the sum, {2 ** world_size - 1}: exactly world_size = {world_size} times too "
+                "large. Did you divide by the world size?")
+    elif abs(got[0] - want) < 1e-9 or abs(got[0] - (2 ** world_size - 1)) < 1e-9:
+        hint = (" Rank 0 is right but the others are not: the sum reached rank 0 only, as with dist.reduce. "
+                "Use dist.all_reduce so that every rank gets it.")
+    elif all(abs(v - 2 ** r) < 1e-9 or abs(v - 2 ** r / world_size) < 1e-9 for r, v in enumerate(got)):
+        hint = " Each rank kept its own gradient: nothing was summed across the ranks."
+    else:
+        hint = " Rank 0's value is " + _decode_signature(got[0], world_size) + "."
+    attempt.fail(f"{where}: every rank should end with the mean {want:g}; {summary}.{hint}")
+
+
+def _judge_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, replies: list[dict]) -> None:
+    import torch
+
+    reference = replies[0]["reference"]  # computed on rank 0, in one process, before the learner's code ran
+    tol = 1e-5 if dtype_name == "float32" else 1e-10
+    where = f"on {plural(world_size, 'rank')}, {_MODEL_WORDS[kind]} in {dtype_name}"
+    for rank, reply in enumerate(replies):
+        for name, want in reference.items():
+            got = reply["grads"][name]
+            if want is None and got is not None:
+                attempt.fail(f"{where}, rank {rank}: {name}.grad should stay None (no rank computed a gradient "
+                             "for it), but it became a tensor. Leave parameters without a gradient alone.")
+            if want is None:
+                continue
+            if got is None:
+                attempt.fail(f"{where}, rank {rank}: {name}.grad is None, but it should hold the mean over the "
+                             "ranks" + (" (this rank did not use it: count its gradient as zero)."
+                                        if kind == "unused_on_rank_0" else "."))
+            if not torch.allclose(got, want, rtol=tol, atol=tol):
+                ratio = (got.double().norm() / want.double().norm()).item() if want.norm() > 0 else float("nan")
+                hint = ""
+                if abs(ratio - world_size) < 1e-3 and world_size > 1:
+                    hint = f" It is {world_size} times too large: did you divide by the world size?"
+                attempt.fail(f"{where}, rank {rank}: {name}.grad differs from one process on the whole batch.\n"
+                             f"  expected {want.reshape(-1)[:4].tolist()}\n  actual   {got.reshape(-1)[:4].tolist()}"
+                             + hint)
+        first = replies[0]["grads"]
+        for name, got in reply["grads"].items():
+            if got is not None and first[name] is not None and not torch.allclose(got, first[name], rtol=1e-6, atol=1e-7):
+                attempt.fail(f"{where}: rank {rank}'s {name}.grad differs from rank 0's; every rank must end "
+                             "with the same averaged gradient.")
+
+
+def _run_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, *, spread: bool = False) -> list[dict]:
+    seed, per_rank = fresh_seed(), 3
+    timeout = TIMEOUT_UNUSED if kind.startswith("unused") else TIMEOUT
+    result = attempt.run(_grad_worker, world_size, (attempt.fn, kind, dtype_name, seed, per_rank, spread),
+                         timeout=timeout, context=_MODEL_WORDS[kind])
+    if not spread:
+        _judge_grads(attempt, kind, dtype_name, world_size, list(result))
+    return list(result)
+
+
+def _signatures(attempt: Attempt, world_sizes: tuple[int, ...]) -> None:
+    for world_size in world_sizes:
+        values = attempt.run(_signature_worker, world_size, (attempt.fn,), timeout=TIMEOUT,
+                             context="each rank's gradient set to 2**rank")
+        _judge_signature(attempt, world_size, list(values))
+
+
+def _correct(attempt: Attempt) -> None:
+    _signatures(attempt, (2, 3, 4))
+    for kind, dtype_name, worlds in CORRECT_CASES:
+        for world_size in worlds:
+            _run_grads(attempt, kind, dtype_name, world_size)
+
+
+def _unused_frozen_tied(attempt: Attempt) -> None:
+    for kind, worlds in SPECIAL_CASES:
+        for world_size in worlds:
+            _run_grads(attempt, kind, "float32", world_size)
+
+
+def _parameters_unchanged(attempt: Attempt) -> None:
+    for kind, world_size in (("mlp", 3), ("frozen", 2)):
+        replies = _run_grads(attempt, kind, "float32", world_size, spread=True)
+        for rank, reply in enumerate(replies):
+            if reply["changed"]:
+                same = all(
+                    r["equal_after"][reply["changed"][0]].equal(replies[0]["equal_after"][reply["changed"][0]])
+                    for r in replies
+                )
+                hint = (" The ranks' weights are now equal: it looks like the weights were averaged instead "
+                        "of the gradients." if same and world_size > 1 else "")
+                attempt.fail(f"on {plural(world_size, 'rank')}, each rank with slightly different weights, rank "
+                             f"{rank}: average_gradients changed the parameter {reply['changed'][0]} itself. Only "
+                             f"the .grad tensors may change; the optimizer changes the weights.{hint}")
+
+
+def _training(attempt: Attempt) -> None:
+    for optimizer, world_size in (("sgd", 2), ("momentum", 3), ("adam", 4)):
+        seed = fresh_seed()
+        result = attempt.run(_training_worker, world_size, (attempt.fn, optimizer, seed, 5, 3), timeout=TIMEOUT,
+                             context=f"5 steps of {optimizer} in float64")
+        for rank, reply in enumerate(result):
+            if reply["worst"] > 1e-9 * max(1.0, reply["scale"]):
+                attempt.fail(f"on {plural(world_size, 'rank')}, after 5 steps of {optimizer} with your averaging, "
+                             f"rank {rank}'s weights differ from one process training on the whole batch by up to "
+                             f"{reply['worst']:.3g}. Each step's gradient must be the mean over the ranks.")
+
+
+def _visible_5_1(attempt: Attempt) -> str:
+    _signatures(attempt, (2, 3))
+    for kind, world_size in (("mlp", 2), ("mlp", 3), ("frozen", 2), ("unused_everywhere", 2),
+                             ("unused_on_rank_0", 3), ("tied", 2)):
+        _run_grads(attempt, kind, "float32", world_size)
+    return ("Self-check passed: on 2 and 3 ranks every gradient equals one process on the whole batch, "
+            "including a frozen parameter, an unused head, a head used on rank 0 only and tied weights. "
+            "The hidden tests also try 1 to 8 ranks, float64, that the weights stay unchanged, and 5 "
+            "training steps with SGD, momentum and Adam.")
+
+
+exercise_5_1 = Exercise(
+    number="5.1",
+    function="average_gradients",
+    title="average gradients over the ranks",
+    parts=(
+        Part("correct", 2, "the gradients equal one process on the whole batch, on 1 to 8 ranks.", _correct),
+        Part("unused_frozen_tied", 1, "frozen, unused and tied parameters.", _unused_frozen_tied),
+        Part("parameters_unchanged", 1, "only the gradients change.", _parameters_unchanged),
+        Part("training", 2, "k steps of SGD, momentum and Adam end where one process ends.", _training),
+    ),
+    visible_check=_visible_5_1,
+    hints={
+        "AttributeError": "A parameter's .grad is None when it is frozen or no data went through it: "
+                          "skip those (see the exercise for a parameter unused on some ranks only).",
+        "TypeError": "A parameter's .grad is None when it is frozen or no data went through it: "
+                     "skip those (see the exercise for a parameter unused on some ranks only).",
+    },
+)
+
+
+# -- Exercise 5.2 --------------------------------------------------------------------------
+
+# (world size, batch per rank, steps per epoch, epochs)
+TRAIN_CASES = ((2, 4, 3, 2), (3, 2, 2, 3), (4, 3, 2, 2))
+LR = 0.2
+
+
+def _train_data(seed: int, n: int):
+    """Inputs with distinct rows (so each recorded row names its sample) and labels."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    return TensorDataset(x, torch.randint(0, 3, (n,), generator=g))
+
+
+def _train_model(seed: int):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(seed + 1)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def _train_worker(rank: int, world_size: int, fn: Callable, seed: int, n: int, epochs: int, batch_size: int) -> dict:
+    """Run the learner's train; return which samples each training forward pass saw, and the weights."""
+    import torch
+
+    dataset = _train_data(seed, n)
+    model = _train_model(seed)
+    row_index = {tuple(row.tolist()): i for i, row in enumerate(dataset.tensors[0])}
+    batches: list[list[int]] = []
+
+    def record(module, inputs):
+        if torch.is_grad_enabled():  # evaluation under no_grad is not a training step
+            batches.append([row_index.get(tuple(row.tolist()), -1) for row in inputs[0].detach()])
+
+    model.register_forward_pre_hook(record)
+    losses = fn(rank, world_size, dataset, model, epochs, batch_size, LR)
+    return {
+        "batches": batches,
+        "weights": [p.detach().clone() for p in model.parameters()],
+        "losses": losses if isinstance(losses, list) else repr(losses)[:80],
+    }
+
+
+def _replay_worker(rank: int, world_size: int, seed: int, n: int, steps: list[list[int]]) -> list:
+    """One process: the same model, each step on the union of the ranks' batches of that step."""
+    import torch
+    import torch.nn.functional as F
+
+    dataset = _train_data(seed, n)
+    model = _train_model(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = dataset.tensors
+    for indices in steps:
+        opt.zero_grad()
+        F.cross_entropy(model(x[indices]), y[indices]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _run_train(attempt: Attempt, world_size: int, batch_size: int, steps_per_epoch: int, epochs: int):
+    seed, n = fresh_seed(), world_size * batch_size * steps_per_epoch
+    context = f"{n} samples, batches of {batch_size} per rank, {plural(epochs, 'epoch')}"
+    result = attempt.run(_train_worker, world_size, (attempt.fn, seed, n, epochs, batch_size), timeout=TIMEOUT,
+                         context=context, forbid=True)
+    return seed, n, context, list(result)
+
+
+def _judge_sharding(attempt: Attempt, world_size: int, batch_size: int, steps_per_epoch: int, epochs: int,
+                    n: int, context: str, replies: list[dict]) -> None:
+    where = f"on {plural(world_size, 'rank')}, {context}"
+    want_steps = steps_per_epoch * epochs
+    for rank, reply in enumerate(replies):
+        if any(-1 in batch for batch in reply["batches"]):
+            attempt.fail(f"{where}: rank {rank} fed the model inputs that are not samples of the dataset; "
+                         "train on the dataset's inputs as they are.")
+        if len(reply["batches"]) != want_steps:
+            attempt.fail(f"{where}: rank {rank} made {len(reply['batches'])} training forward passes; with "
+                         f"{n // world_size} samples per rank and batches of {batch_size} that is "
+                         f"{steps_per_epoch} per epoch, {want_steps} in all. (Evaluate under torch.no_grad().)")
+    for epoch in range(epochs):
+        owner: dict[int, int] = {}
+        for rank, reply in enumerate(replies):
+            seen = [i for batch in reply["batches"][epoch * steps_per_epoch:(epoch + 1) * steps_per_epoch] for i in batch]
+            if len(seen) != n // world_size:
+                attempt.fail(f"{where}: in epoch {epoch}, rank {rank} trained on {len(seen)} samples; each rank "
+                             f"should see its own {n // world_size} (= {n} / {world_size}).")
+            for i in seen:
+                if i in owner:
+                    who = "twice" if owner[i] == rank else f"by ranks {owner[i]} and {rank}"
+                    attempt.fail(f"{where}: in epoch {epoch}, sample {i} was used {who}. In every epoch each "
+                                 "sample belongs to exactly one rank: give each rank its own shard "
+                                 "(DistributedSampler, or the split of section 4.1).")
+                owner[i] = rank
+        missing = sorted(set(range(n)) - set(owner))
+        if missing:
+            attempt.fail(f"{where}: in epoch {epoch} no rank used samples {missing[:5]}.")
+
+
+def _judge_same_steps(attempt: Attempt, world_size: int, batch_size: int, steps: int, seed: int, n: int,
+                      context: str, replies: list[dict]) -> None:
+    where = f"on {plural(world_size, 'rank')}, {context}"
+    for rank, reply in enumerate(replies):
+        if len(reply["batches"]) != steps or any(len(b) != batch_size for b in reply["batches"]):
+            sizes = [len(b) for b in reply["batches"]]
+            attempt.fail(f"{where}: rank {rank} trained on batches of sizes {sizes[:8]}; expected {steps} "
+                         f"batches of {batch_size} (batch_size is per rank).")
+        if not isinstance(reply["losses"], list) or len(reply["losses"]) != steps:
+            attempt.fail(f"{where}: rank {rank}'s train returned {reply['losses'] if not isinstance(reply['losses'], list) else plural(len(reply['losses']), 'loss', 'losses')}; "
+                         f"it should return this rank's loss at each of its {steps} steps, as a list of floats.")
+    union = [sorted(i for reply in replies for i in reply["batches"][t]) for t in range(steps)]
+    reference = attempt.run(_replay_worker, 1, (seed, n, union), timeout=TIMEOUT, context="the one-process replay")[0]
+    for rank, reply in enumerate(replies):
+        worst = max((a - b).abs().max().item() for a, b in zip(reply["weights"], reference))
+        if worst > 1e-9:
+            attempt.fail(f"{where}: rank {rank}'s weights after training differ from one process that took the "
+                         f"same steps on the same samples (each step on the ranks' batches together) by up to "
+                         f"{worst:.3g}. Average the gradients with average_gradients after every backward, then "
+                         "step plain SGD with the given lr.")
+
+
+def _same_steps(attempt: Attempt, cases: tuple = TRAIN_CASES) -> None:
+    for world_size, batch_size, steps_per_epoch, epochs in cases:
+        seed, n, context, replies = _run_train(attempt, world_size, batch_size, steps_per_epoch, epochs)
+        _judge_same_steps(attempt, world_size, batch_size, steps_per_epoch * epochs, seed, n, context, replies)
+
+
+def _sharding(attempt: Attempt, cases: tuple = TRAIN_CASES) -> None:
+    for world_size, batch_size, steps_per_epoch, epochs in cases:
+        _, n, context, replies = _run_train(attempt, world_size, batch_size, steps_per_epoch, epochs)
+        _judge_sharding(attempt, world_size, batch_size, steps_per_epoch, epochs, n, context, replies)
+
+
+def _visible_5_2(attempt: Attempt) -> str:
+    case = (2, 3, 2, 2)
+    _sharding(attempt, (case,))
+    _same_steps(attempt, (case,))
+    return ("Self-check passed: on 2 ranks, every epoch gave each rank its own half of the samples, and the "
+            "weights match one process taking the same steps. The hidden tests also try 3 and 4 ranks.")
+
+
+exercise_5_2 = Exercise(
+    number="5.2",
+    function="train",
+    title="a distributed training loop",
+    parts=(
+        Part("same_steps", 2, "the ranks end with the weights one process reaches.", _same_steps),
+        Part("sharding", 2, "each epoch, every sample once, equal shards.", _sharding),
+    ),
+    visible_check=_visible_5_2,
+    forbid=(DDP,),
+    forbid_reason="Exercise 5.2 builds data parallelism by hand: average the gradients with your "
+                  "average_gradients. DistributedDataParallel comes in lesson 6.",
+)
+
+EXERCISES = (exercise_5_1, exercise_5_2)

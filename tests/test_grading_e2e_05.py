@@ -1,0 +1,182 @@
+"""Lesson 05 graded end to end with the real nbgrader: realistic wrong answers lose the right parts.
+
+A temporary copy of the course receives six learners' versions of lesson 05 and is graded
+with `python -m autograder grade`, the instructor's command: the instructor's answers, two
+other correct ways to average (one flat buffer; asynchronous calls waited together), and
+the four mistakes the lesson warns about (no division by the world size, weights averaged
+instead of gradients, `reduce` instead of `all_reduce`, a crash on a None gradient).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+
+LESSON = "05-data-parallel-sgd"
+AVERAGE, TRAIN = "ex5_1-average-gradients", "ex5_2-train"
+ROOT = Path(__file__).resolve().parent.parent
+
+FLAT_BUFFER = '''def average_gradients(model):
+    # One flat buffer: one presence all-reduce, then one all-reduce for every gradient.
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
+    present = torch.tensor([float(p.grad is not None) for p in params])
+    dist.all_reduce(present)
+    used = [p for p, n in zip(params, present.tolist()) if n > 0]
+    for p in used:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1).double() for p in used])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for p, part in zip(used, flat.split([p.numel() for p in used])):
+        p.grad.copy_(part.view_as(p.grad))
+'''
+
+ASYNC_TOGETHER = '''def average_gradients(model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.int64)
+    dist.all_reduce(present)
+    works = []
+    for p, n in zip(params, present.tolist()):
+        if n:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            works.append((p, dist.all_reduce(p.grad, async_op=True)))
+    for p, work in works:
+        work.wait()
+        p.grad /= dist.get_world_size()
+'''
+
+NO_DIVISION = '''def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)      # the sum, never divided
+'''
+
+AVERAGES_WEIGHTS = '''def average_gradients(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.all_reduce(p)           # the weights, not the gradients
+            p /= dist.get_world_size()
+'''
+
+REDUCE_NOT_ALL_REDUCE = '''def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.reduce(p.grad, dst=0)   # only rank 0 gets the sum
+            p.grad /= dist.get_world_size()
+'''
+
+CRASHES_ON_NONE = '''def average_gradients(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)          # p.grad is None for a frozen parameter
+        p.grad /= dist.get_world_size()
+'''
+
+LEARNERS = {
+    "amy": None,  # the instructor's answers
+    "ben": FLAT_BUFFER,
+    "cid": ASYNC_TOGETHER,
+    "dee": NO_DIVISION,
+    "eli": AVERAGES_WEIGHTS,
+    "fay": REDUCE_NOT_ALL_REDUCE,
+    "gus": CRASHES_ON_NONE,
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    from autograder import exercise
+    from autograder.cells import graded_cells
+
+    tmp = tmp_path_factory.mktemp("grading05")
+    root = course_copy(tmp / "course", lessons=[LESSON])
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    train = solution_source(LESSON, TRAIN)
+    for who, average in LEARNERS.items():
+        answers = {AVERAGE: average or solution_source(LESSON, AVERAGE), TRAIN: train}
+        submission(release, tmp / "submissions" / who / LESSON / f"{LESSON}.ipynb", answers)
+    done = run_instructor_command(root, "grade", str(tmp / "submissions"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = {c.grade_id: f"{c.number}/{c.part}" for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
+    points = {f"{ex.number}/{p.name}": p.points for ex in (exercise("5.1"), exercise("5.2")) for p in ex.parts}
+    assert set(cells.values()) == set(points), cells
+    return root, cells, points
+
+
+def _scores(root: Path, cells: dict[str, str], student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        grades = gb.find_submission_notebook(LESSON, LESSON, student).grades
+        return {cells[g.name]: g.score for g in grades if g.name in cells}
+
+
+def _feedback(root: Path, student: str) -> str:
+    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", ["amy", "ben", "cid"])
+def test_correct_answers_earn_full_marks(graded, student):
+    """Do the instructor's answer, a flat-buffer average and asynchronous calls waited together all earn every point?"""
+    root, cells, points = graded
+    assert _scores(root, cells, student) == points
+
+
+@pytest.mark.slow
+def test_forgetting_to_divide_is_named(graded):
+    """Does an average that forgets the division lose the gradient and training parts, with feedback that says so?"""
+    root, cells, points = graded
+    scores = _scores(root, cells, "dee")
+    assert scores == {**points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
+    assert "Did you divide by the world size?" in _feedback(root, "dee")
+
+
+@pytest.mark.slow
+def test_averaging_the_weights_is_named(graded):
+    """Does averaging the weights instead of the gradients lose every 5.1 part, with feedback naming the mistake?"""
+    root, cells, points = graded
+    scores = _scores(root, cells, "eli")
+    assert {k: v for k, v in scores.items() if k.startswith("5.1")} == {
+        "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0, "5.1/training": 0}
+    assert "weights were averaged instead of the gradients" in _feedback(root, "eli")
+
+
+@pytest.mark.slow
+def test_reduce_instead_of_all_reduce_is_named(graded):
+    """Does `reduce` (the sum reaches rank 0 only) lose the gradient parts, with feedback naming all_reduce?"""
+    root, cells, points = graded
+    scores = _scores(root, cells, "fay")
+    assert scores["5.1/correct"] == 0 and scores["5.1/training"] == 0 and scores["5.2/same_steps"] == 0
+    assert scores["5.1/parameters_unchanged"] == points["5.1/parameters_unchanged"]
+    assert "Use dist.all_reduce" in _feedback(root, "fay")
+
+
+@pytest.mark.slow
+def test_crash_on_a_none_gradient_costs_only_the_parts_with_frozen_parameters(graded):
+    """Does an average that crashes on a None gradient keep the plain parts and lose those with a frozen parameter?
+
+    (The visible self-check, which also tries a frozen parameter, sits in a cell of its own
+    and is not graded, so it costs nothing here.)"""
+    root, cells, points = graded
+    scores = _scores(root, cells, "gus")
+    assert scores == {**points, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0}
+    assert "grad is None when it is frozen" in _feedback(root, "gus")
+
+
+@pytest.mark.slow
+def test_grading_run_records_every_learner(graded):
+    """Does the run record hold every learner of lesson 05, each graded without an error?"""
+    root, _, points = graded
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    runs = {run["student"]: run for run in record["submissions"]}
+    assert set(runs) == set(LEARNERS)
+    assert all(run["status"] == "ok" and run["lesson"] == LESSON for run in runs.values()), runs
+    assert runs["amy"]["score"] == pytest.approx(sum(points.values()))
