@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import sysconfig
 from typing import Any, Callable, Mapping, Sequence
 
 import helpers
 from helpers import ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
+from helpers.protocol import Frame
 
 __all__ = [
     "GradingFailure",
@@ -52,7 +52,6 @@ _HELPERS_DIR = os.path.dirname(os.path.abspath(helpers.__file__))
 _LIBRARY_DIRS = tuple(
     {os.path.abspath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))}
 ) + (_HELPERS_DIR,)
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$', re.M)
 
 
 class GradingFailure(AssertionError):
@@ -122,29 +121,29 @@ def _owner(filename: str) -> str:
     return "learner"  # a notebook cell, or any other file of the learner's
 
 
-def course_frame(rank_traceback: str) -> str | None:
+def course_frame(frames: Sequence[Frame]) -> str | None:
     """The innermost frame of a rank's traceback when it lies in the autograder package, else None.
 
+    ``frames`` are a :class:`helpers.RankFailedError`'s ``frames``, outermost first.
     Frames of libraries (the standard library, installed packages, ``helpers``) are passed
     over: a check that calls torch wrongly is still the course's fault, and a learner's
     call that fails inside torch is still the learner's. The first frame that is neither
     decides: in the ``autograder`` package it is the course's fault, anywhere else (a
     notebook cell) the learner's.
 
-    >>> course_frame('  File "/tmp/ipykernel_1/2.py", line 3, in ring_allreduce\\n') is None
+    >>> course_frame([Frame("/tmp/ipykernel_1/2.py", 3, "ring_allreduce")]) is None
     True
     """
-    for match in reversed(list(_FRAME.finditer(rank_traceback or ""))):
-        owner = _owner(match["file"])
+    for frame in reversed(list(frames)):
+        owner = _owner(frame.filename)
         if owner != "library":
-            return match.group(0).strip() if owner == "course" else None
+            return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}' if owner == "course" else None
     return None
 
 
-def _raised_by_learner(rank_traceback: str) -> bool:
+def _raised_by_learner(frames: Sequence[Frame]) -> bool:
     """True when the innermost frame of all is the learner's: their own ``raise``, not a library's."""
-    frames = list(_FRAME.finditer(rank_traceback or ""))
-    return bool(frames) and _owner(frames[-1]["file"]) == "learner"
+    return bool(frames) and _owner(frames[-1].filename) == "learner"
 
 
 def _traceback_tail(text: str, lines: int = 6) -> str:
@@ -214,13 +213,13 @@ def run_ranks(
         if isinstance(err.original, ForbiddenCallError):
             what = "a built-in collective" if set(forbid) <= set(helpers.COLLECTIVES) else "a switched-off call"
             raise GradingFailure(f"{part}: rank {err.rank} called {what} {where}: {err.exc_message}") from None
-        fault = course_frame(err.rank_traceback)
+        fault = course_frame(err.frames)
         if fault is not None:
             raise CheckError(
                 exercise, part, f"rank {err.rank} raised {err.exc_type}: {err.exc_message} {where}",
                 _traceback_tail(err.rank_traceback),
             ) from None
-        if err.exc_type == "NotImplementedError" and _raised_by_learner(err.rank_traceback):
+        if err.exc_type == "NotImplementedError" and _raised_by_learner(err.frames):
             raise _stub_failure(part, function, exercise, err.exc_message) from None
         what = f"raised {err.exc_type}: {err.exc_message}" if err.exc_type else err.exc_message
         hint = f"\n  {hints[err.exc_type]}" if hints and err.exc_type in hints else ""

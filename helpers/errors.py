@@ -102,7 +102,9 @@ class RankFailedError(LaunchError):
     Attributes: ``rank``, ``world_size``, ``exc_type`` (name of the rank's exception, or
     None when the process died without one), ``exc_message``, ``rank_traceback`` (text),
     ``exitcode`` (None while the rank was alive), ``original`` (the rank's exception
-    object when it could be sent back), ``stopped`` (ranks we stopped because of it).
+    object when it could be sent back), ``frames`` (the traceback's frames, outermost
+    first, as :class:`helpers.protocol.Frame` records with ``filename``, ``lineno``,
+    ``name`` and ``line``; empty for a death), ``stopped`` (ranks we stopped because of it).
     """
 
 

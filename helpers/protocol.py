@@ -368,6 +368,7 @@ class Failure:
             rank_traceback=err.text,
             exitcode=None,
             original=err.original(),
+            frames=list(err.frames),
             stopped=list(stopped),
         )
 
@@ -405,6 +406,7 @@ class Death:
             rank_traceback="",
             exitcode=code,
             original=None,
+            frames=[],
             stopped=list(stopped),
         )
 

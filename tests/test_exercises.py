@@ -22,6 +22,7 @@ from autograder.harness import CheckError, GradingFailure, course_frame
 from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.reference import ring_allreduce
 from helpers import COLLECTIVES, DDP, POINT_TO_POINT
+from helpers.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
@@ -250,13 +251,13 @@ def test_course_frame_finds_the_innermost_frame_that_is_not_a_library():
     """Is a traceback blamed on the course only when its innermost non-library frame is in autograder/?"""
     grader = ROOT / "autograder" / "lesson04.py"
     torch_file = Path(dist.__file__)
-    learner = '  File "/tmp/ipykernel_7/12.py", line 4, in ring_allreduce\n'
-    ours = f'  File "{grader}", line 70, in _correct_worker\n'
-    library = f'  File "{torch_file}", line 9, in send\n'
+    learner = [Frame("/tmp/ipykernel_7/12.py", 4, "ring_allreduce")]
+    ours = [Frame(str(grader), 70, "_correct_worker")]
+    library = [Frame(str(torch_file), 9, "send")]
     assert course_frame(ours + learner) is None
     assert course_frame(ours + learner + library) is None
     assert course_frame(ours + library) is not None and "_correct_worker" in course_frame(ours + library)
-    assert course_frame("") is None
+    assert course_frame([]) is None
 
 
 # -- the shared pieces --------------------------------------------------------------------------
