@@ -599,3 +599,43 @@ def test_idle_factory_preloads_what_optimizers_import():
     """Once the factory has been idle, do new ranks start with torch._dynamo already imported (the first optimizer otherwise imports it, a second or more per rank)?"""
     assert wait_until(lambda: launch(_has_dynamo, 1, output="quiet")[0], timeout=20, interval=0.5)
     assert launch(_has_dynamo, 2, output="quiet") == [True, True]
+
+
+def _calls_all_reduce_three_ways(rank, world_size, how):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2)
+    if how == "function":
+        dist.all_reduce(t)
+    elif how == "process group":
+        dist.distributed_c10d._get_default_group().allreduce([t]).wait()
+    elif how == "ddp":
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    return t.tolist()
+
+
+@pytest.mark.parametrize("how, call", [
+    ("function", "torch.distributed.all_reduce"),
+    ("process group", "allreduce"),
+    ("ddp", "torch.nn.parallel.DistributedDataParallel"),
+])
+def test_forbidden_calls_raise_forbidden_call_error_with_the_launchs_reason(how, call):
+    """Does a switched-off call (the function, the process-group method, or DDP) raise ForbiddenCallError on the rank, with the reason the launch gave?"""
+    forbid = {helpers.DDP: "build it by hand"} if how == "ddp" else dict.fromkeys(helpers.DATA_COLLECTIVES, "build it by hand")
+    with pytest.raises(RankFailedError) as info:
+        launch(_calls_all_reduce_three_ways, 2, args=(how,), forbid=forbid, output="quiet")
+    err = info.value
+    assert isinstance(err.original, helpers.ForbiddenCallError), err
+    assert call in err.original.call and err.original.reason == "build it by hand"
+    assert "switched off here: build it by hand" in str(err)
+    assert rank_children() == []
+
+
+def test_forbid_names_are_checked_before_any_rank_starts(spawned):
+    """Does forbid= with a name the helpers cannot switch off fail at once, naming where valid names are?"""
+    with pytest.raises(ValueError, match="helpers.COLLECTIVES"):
+        launch(_calls_all_reduce_three_ways, 2, args=("function",), forbid=["allreduce_everything"])
+    with pytest.raises(TypeError, match="list of call names"):
+        launch(_calls_all_reduce_three_ways, 2, args=("function",), forbid="all_reduce")
+    assert spawned == []
