@@ -92,8 +92,8 @@ class Part:
 class Exercise:
     """A graded exercise: its number, the learner's function, its parts and its self-check.
 
-    ``forbid`` names calls switched off on the ranks when a check asks for it
-    (``attempt.run(..., forbid=True)``), from :data:`helpers.DATA_COLLECTIVES` and friends;
+    ``forbid`` names calls switched off on the ranks in every run of the exercise's checks
+    (hidden parts and self-check alike), from :data:`helpers.DATA_COLLECTIVES` and friends;
     ``forbid_reason`` is the sentence the learner reads when they call one.
     ``visible_check(attempt, **options)`` runs the visible self-check and returns the message to
     print when it passes. ``hints`` maps the type name of an exception a rank raised to a
@@ -208,19 +208,20 @@ class Attempt:
         *,
         timeout: float = 10.0,
         context: str = "",
-        forbid: bool = False,
         trace: bool = False,
         nnodes: int = 1,
         init: bool = True,
     ) -> LaunchResult:
         """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.harness.run_ranks`).
 
-        ``forbid=True`` switches off the exercise's ``forbid`` calls, with its reason.
+        The exercise's ``forbid`` calls are switched off, with its reason, in every run:
+        every hidden part and the visible self-check, so an answer that leans on a
+        built-in collective earns nothing, and "Self-check passed" means the same rules.
         """
         ex = self.exercise
         return run_ranks(
             self.part, worker, world_size, args, exercise=ex.label, function=ex.function, context=context,
-            timeout=timeout, forbid=dict.fromkeys(ex.forbid, ex.forbid_reason) if forbid else None,
+            timeout=timeout, forbid=dict.fromkeys(ex.forbid, ex.forbid_reason),
             trace=trace, nnodes=nnodes, init=init, hints=ex.hints,
         )
 

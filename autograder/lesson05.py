@@ -419,7 +419,7 @@ def _run_train(attempt: Attempt, world_size: int, batch_size: int, steps_per_epo
     seed, n = fresh_seed(), world_size * batch_size * steps_per_epoch
     context = f"{n} samples, batches of {batch_size} per rank, {plural(epochs, 'epoch')}"
     result = attempt.run(_train_worker, world_size, (attempt.fn, seed, n, epochs, batch_size), timeout=TIMEOUT,
-                         context=context, forbid=True)
+                         context=context)
     return seed, n, context, list(result)
 
 
