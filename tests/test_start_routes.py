@@ -75,17 +75,23 @@ def _wait_for(url: str, proc: subprocess.Popen, seconds: float = 90) -> tuple[in
     return status, body
 
 
+def _ask_server(target: str, path: str) -> tuple[int, tuple[int, str], str]:
+    """Start `make TARGET`, wait for JupyterLab, GET ``path``; return the lab's status, that answer, and make's output."""
+    port = _free_port()
+    proc = _serve(target, port)
+    try:
+        status, _ = _wait_for(f"http://127.0.0.1:{port}/lab?token={TOKEN}", proc)
+        answer = _get(f"http://127.0.0.1:{port}{path}?token={TOKEN}")
+    finally:
+        output = _stop(proc)
+    assert status == 200, f"JupyterLab did not answer; make {target} printed:\n{output[-3000:]}"
+    return status, answer, output
+
+
 @pytest.mark.slow
 def test_make_lab_serves_the_course():
     """Does `make lab` start JupyterLab on course/ (with --allow-root when run as root) and serve a lesson?"""
-    port = _free_port()
-    proc = _serve("lab", port)
-    try:
-        status, _ = _wait_for(f"http://127.0.0.1:{port}/lab?token={TOKEN}", proc)
-        listing = _get(f"http://127.0.0.1:{port}/api/contents?token={TOKEN}")
-    finally:
-        output = _stop(proc)
-    assert status == 200, f"JupyterLab did not answer; make lab printed:\n{output[-3000:]}"
+    _, listing, output = _ask_server("lab", "/api/contents")
     names = {item["name"] for item in json.loads(listing[1])["content"]}
     assert "00-getting-started" in names and "04-ring-all-reduce" in names, names
     if os.geteuid() == 0:
@@ -98,16 +104,11 @@ def test_make_instructor_serves_the_formgrader_with_every_lesson():
     lessons = sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
     gradebook = ROOT / "autograder" / "gradebook.db"
     had_gradebook = gradebook.exists()
-    port = _free_port()
-    proc = _serve("instructor", port)
     try:
-        status, _ = _wait_for(f"http://127.0.0.1:{port}/lab?token={TOKEN}", proc)
-        formgrader = _get(f"http://127.0.0.1:{port}/formgrader/api/assignments?token={TOKEN}")
+        _, formgrader, output = _ask_server("instructor", "/formgrader/api/assignments")
     finally:
-        output = _stop(proc)
         if not had_gradebook:  # the formgrader made one (git-ignored): leave the checkout as it was
             gradebook.unlink(missing_ok=True)
-    assert status == 200, f"JupyterLab did not answer; make instructor printed:\n{output[-3000:]}"
     assert formgrader[0] == 200, f"the formgrader API answered {formgrader[0]}; output:\n{output[-3000:]}"
     listed = sorted(a["name"] for a in json.loads(formgrader[1]))
     assert listed == lessons, listed
