@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from .errors import cell_label
-from .protocol import COLLECTIVES, BoardRecord
+from .protocol import COLLECTIVES, DDP_CONSTRUCTOR, BoardRecord
 
 __all__ = [
     "parse_dump",
@@ -175,6 +175,8 @@ _PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadca
 _RECEIVES = ("recv", "irecv", "recv_object_list")
 #: The words a hang report uses for a cycle of ranks that all receive first.
 RECEIVE_FIRST = "every rank is receiving before anyone sends"
+# Calls every member of the group must make: DDP's constructor broadcasts from C++.
+_GROUP_CALLS = COLLECTIVES + (DDP_CONSTRUCTOR,)
 
 
 def call_text(record: BoardRecord) -> str:
@@ -203,7 +205,7 @@ def wait_for_graph(board: list[BoardRecord], busy: list[int], finished: list[int
         rec = board[r] if r < n else None
         if rec is None or not rec.in_call:
             continue
-        if rec.call in COLLECTIVES:
+        if rec.call in _GROUP_CALLS:
             members = rec.members or list(range(n))
             edges[r] = [m for m in members if m != r and not (m in busy and _in_same_collective(rec, board[m]))]
         elif rec.peer is not None:
@@ -265,7 +267,7 @@ def explain_hang(
             notes.append(f"Wait-for cycle: {chain}: none of them can go on.")
     for r in busy:
         for m in edges.get(r, []):
-            if m in finished and board[r].call not in COLLECTIVES:
+            if m in finished and board[r].call not in _GROUP_CALLS:
                 notes.append(f"rank {r} waits for rank {m}, which already returned: rank {m} never made the matching call.")
     return lines, notes
 
@@ -276,7 +278,7 @@ def _missing_collective_notes(board: list[BoardRecord], frames: dict[int, list[d
     notes: list[str] = []
     for r in busy:
         rec = board[r] if r < len(board) else None
-        if rec is None or not rec.in_call or rec.call not in COLLECTIVES:
+        if rec is None or not rec.in_call or rec.call not in _GROUP_CALLS:
             continue
         for m in edges.get(r, []):
             other = board[m] if m < len(board) else None

@@ -111,7 +111,10 @@ DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitor
 #: Pass this name in ``forbid`` to switch off ``torch.nn.parallel.DistributedDataParallel``.
 DDP = "DistributedDataParallel"
 #: Every call a rank notes on the board (its index is what the board stores).
-CALLS = POINT_TO_POINT + COLLECTIVES + ("wait",)
+#: What DistributedDataParallel's constructor is noted as on the board while it runs: it
+#: broadcasts rank 0's weights from C++, a collective every rank of the group must join.
+DDP_CONSTRUCTOR = "DistributedDataParallel"
+CALLS = POINT_TO_POINT + COLLECTIVES + ("wait", DDP_CONSTRUCTOR)
 
 # --------------------------------------------------------------------------------------
 # Launch specs.
@@ -534,6 +537,7 @@ class TraceEvent:
     offset: int | None = None  # where the tensor starts in its storage, in bytes
     base_nbytes: int | None = None  # the size of that storage
     reduce_op: str | None = None
+    note: str | None = None  # what made the call, where it was not the rank's own code ("DDP bucket 2")
 
     @property
     def done(self) -> float:
