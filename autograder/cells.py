@@ -157,7 +157,8 @@ def _answer_cell_problems(notebook: Path, declared: dict[str, Exercise]) -> list
     found = []
     for ex in declared.values():
         heading = f"# Exercise {ex.number}: {ex.title}"
-        if not any(src.startswith(heading + "\n") and f"def {ex.function}(" in src for src in answers):
+        defines = (f"def {ex.function}(", f"class {ex.function}(", f"class {ex.function}:")
+        if not any(src.startswith(heading + "\n") and any(d in src for d in defines) for src in answers):
             found.append(f"{notebook.name}: no answer cell starts with {heading!r} and defines `{ex.function}`")
     return found
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_allreduce", "chunk_bounds", "average_gradients", "train"]
+__all__ = ["ring_allreduce", "chunk_bounds", "average_gradients", "train", "MiniDDP", "bucket_layout"]
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -106,3 +106,88 @@ def train(rank: int, world_size: int, dataset, model: torch.nn.Module, epochs: i
             opt.step()
             losses.append(loss.item())
     return losses
+
+
+def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list[int]]:
+    """Exercise 6.1's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
+
+    ``sizes_in_bytes`` are the trainable parameters' sizes in ``model.parameters()`` order.
+    Walk them in reverse (the order backward produces gradients) and add each to the open
+    bucket; close the bucket as soon as it holds at least ``bucket_size_mb`` MB (MB = 2**20
+    bytes). A parameter larger than the cap fills a bucket by itself.
+
+    >>> bucket_layout([400, 40, 400, 40], 400 / 2**20)
+    [[3, 2], [1, 0]]
+    """
+    cap = bucket_size_mb * 1024 * 1024
+    buckets, current, size = [], [], 0
+    for index in reversed(range(len(sizes_in_bytes))):
+        current.append(index)
+        size += sizes_in_bytes[index]
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class MiniDDP(torch.nn.Module):
+    """Exercise 6.1: data parallelism that reduces gradients in buckets while backward runs.
+
+    At construction every parameter and buffer takes rank 0's value. During backward, a
+    hook on each parameter notes its gradient as ready; when every gradient of a bucket is
+    ready, the bucket's all-reduce starts, asynchronously. ``finish_gradient_synchronization``
+    starts any bucket still waiting (its missing gradients count as zero), waits for every
+    all-reduce and writes each parameter's mean gradient back to ``.grad``.
+    """
+
+    def __init__(self, module: torch.nn.Module, bucket_size_mb: float = 25.0) -> None:
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor, src=0)
+        params = [p for p in module.parameters() if p.requires_grad]
+        layout = bucket_layout([p.numel() * p.element_size() for p in params], bucket_size_mb)
+        self.buckets = [[params[i] for i in bucket] for bucket in layout]
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._ready = [0] * len(self.buckets)
+        self._started: list[tuple[int, torch.Tensor, object]] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _gradient_ready(self, param: torch.Tensor) -> None:
+        b = self._bucket_of[id(param)]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.buckets[b]):
+            self._start(b)
+
+    def _start(self, b: int) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._started.append((b, flat, dist.all_reduce(flat, async_op=True)))
+        self._ready[b] = -1  # started: later hooks in this step must not start it again
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for every bucket's all-reduce; each ``.grad`` becomes the mean over the ranks."""
+        for b in range(len(self.buckets)):
+            if self._ready[b] != -1:
+                self._start(b)  # a parameter without a gradient kept this bucket from starting
+        world_size = dist.get_world_size()
+        for b, flat, work in self._started:
+            work.wait()
+            flat /= world_size
+            offset = 0
+            for p in self.buckets[b]:
+                mean = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+                if p.grad is None:
+                    p.grad = mean.clone()
+                else:
+                    p.grad.copy_(mean)
+        self._started = []
+        self._ready = [0] * len(self.buckets)

@@ -96,7 +96,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 8, 4: 10, 5: 10)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 8, 4: 10, 5: 10, 6: 10)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -108,6 +108,7 @@ def test_points_per_lesson_are_unchanged():
         "4.1": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
         "5.1": {"correct": 2, "unused_frozen_tied": 1, "parameters_unchanged": 1, "training": 2},
         "5.2": {"same_steps": 2, "sharding": 2},
+        "6.1": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
     }
 
 
