@@ -20,7 +20,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test bench bench-cluster bench-trace bench-grading course grade instructor clean-venv
+.PHONY: venv lab test bench bench-cluster bench-trace bench-grading bench-ddp course grade instructor clean-venv
 
 venv: $(STAMP)
 
@@ -73,6 +73,10 @@ bench-cluster: venv
 # What tracing and hang diagnosis cost on the reference ring all-reduce at 1 MB.
 bench-trace: venv
 	$(VENV_PY) bench/trace_bench.py
+
+# Lesson 06: time per training step, averaging after backward against MiniDDP and DDP.
+bench-ddp: venv
+	$(VENV_PY) bench/ddp_bench.py
 
 # Seconds to autograde one learner's submission of each lesson.
 bench-grading: venv
