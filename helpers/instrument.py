@@ -39,7 +39,7 @@ from typing import Any, Callable
 from .errors import ForbiddenCallError
 from .protocol import COLLECTIVES, DDP, DDP_CONSTRUCTOR, POINT_TO_POINT, Board, TraceEvent
 
-__all__ = ["Instrument", "FORBIDDEN_ALIASES", "current"]
+__all__ = ["Instrument", "FORBIDDEN_ALIASES", "NOT_COMMUNICATION", "current"]
 
 _current: "Instrument | None" = None
 
@@ -64,7 +64,53 @@ FORBIDDEN_ALIASES = {
     "all_to_all": ("alltoall", "alltoall_base", "all_to_all_single"),
     "all_to_all_single": ("alltoall_base", "all_to_all_single"),
     "barrier": ("barrier", "monitored_barrier"),
+    "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced", "all_gather_single"),
+    "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
+    "all_reduce_coalesced": ("allreduce_coalesced",),
+    "all_gather_coalesced": ("allgather_coalesced",),
 }
+
+#: Public torch.distributed functions that move no data between ranks, so nothing wraps
+#: them: setting groups up and down, asking about them, and context managers. Every other
+#: public function of the installed torch.distributed must be in
+#: :data:`~helpers.protocol.POINT_TO_POINT` or :data:`~helpers.protocol.COLLECTIVES`
+#: (tests/test_trace.py checks it, so a collective added by a new torch is not missed).
+NOT_COMMUNICATION = (
+    "init_process_group",
+    "destroy_process_group",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+    "shrink_group",
+    "init_device_mesh",
+    "is_available",
+    "is_initialized",
+    "is_torchelastic_launched",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_ucc_available",
+    "is_xccl_available",
+    "get_backend",
+    "get_backend_config",
+    "get_default_backend_for_device",
+    "get_rank",
+    "get_world_size",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "get_node_local_rank",
+    "get_pg_count",
+    "get_debug_level",
+    "supports_complex",
+    "GroupName",
+    "record_comm",  # a context manager that names the collectives run inside it
+    "rendezvous",  # the store behind init_process_group, not the backend
+    "register_rendezvous_handler",
+    "breakpoint",  # a debugger for one rank
+)
 
 _PEER_PARAMS = ("dst", "src")
 _GROUP_PEER_PARAMS = ("group_dst", "group_src")
@@ -79,7 +125,13 @@ _TENSOR_PARAM = {
     "_reduce_scatter_base": "input",
     "all_to_all": "input_tensor_list",
     "all_to_all_single": "input",
+    "all_gather_single": "input_tensor",
+    "reduce_scatter_single": "input",
+    "all_reduce_coalesced": "tensors",
+    "all_gather_coalesced": "input_tensor_list",
 }
+_REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+             "all_reduce_coalesced")
 
 
 def _nbytes(value: Any) -> int | None:
@@ -406,7 +458,7 @@ class Instrument:
                 event.base_nbytes = tensor.untyped_storage().nbytes()
             except Exception:  # noqa: BLE001 - sparse or unusual tensors
                 pass
-        if "op" in bound and name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
+        if "op" in bound and name in _REDUCING:
             event.reduce_op = str(bound["op"]).rsplit(".", 1)[-1]
         self.events.append(event)
         return event

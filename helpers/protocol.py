@@ -104,6 +104,11 @@ COLLECTIVES = (
     "scatter_object_list",
     "_all_gather_base",
     "_reduce_scatter_base",
+    # Newer names; each is wrapped only where the installed torch has it.
+    "all_gather_single",  # the successor of all_gather_into_tensor
+    "reduce_scatter_single",  # the successor of reduce_scatter_tensor
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
 )
 #: Every collective that moves data (all but the barriers): what an exercise that builds
 #: its own collective switches off. The object collectives are in it: they call the others.

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import autograder
@@ -240,6 +241,52 @@ def test_a_function_the_ranks_cannot_receive_is_the_learners_fault():
 
     with pytest.raises(GradingFailure, match="correct: `ring_allreduce` cannot be sent to the fresh processes"):
         exercise("4.1").grade(locked, "correct")
+
+
+def _local_sum_with_dummy_messages(rank, world_size, value):
+    # Talks round the ring, but works the total out alone.
+    if world_size > 1:
+        request = dist.isend(torch.zeros(1), (rank + 1) % world_size)
+        dist.recv(torch.zeros(1), (rank - 1) % world_size)
+        request.wait()
+    return value * world_size
+
+
+def _star_sum(rank, world_size, value):
+    # The right total, gathered at rank 0 and sent back: not a ring.
+    token = torch.tensor([value])
+    if rank == 0:
+        total = value
+        for peer in range(1, world_size):
+            dist.recv(token, src=peer)
+            total += int(token)
+        for peer in range(1, world_size):
+            dist.send(torch.tensor([total]), dst=peer)
+        return total
+    dist.send(token, dst=0)
+    dist.recv(token, src=0)
+    return token
+
+
+def test_a_ring_sum_worked_out_alone_fails_even_with_ring_messages():
+    """Does a ring_sum that sends dummy messages round the ring but computes its total alone fail the totals, the pattern part and the self-check?"""
+    ex = exercise("2.1")
+    for part in ("correct", "point_to_point"):
+        with pytest.raises(GradingFailure, match=rf"(?s){part}: on 2 ranks the values were .*Each rank knows only its own value"):
+            ex.grade(_local_sum_with_dummy_messages, part)
+    with pytest.raises(GradingFailure, match="every rank should return their sum"):
+        ex.self_check(_local_sum_with_dummy_messages)
+
+
+def test_a_star_shaped_sum_is_right_but_not_a_ring():
+    """Does a sum gathered at rank 0 earn the totals but fail the ring pattern, naming the rank and the wrong peer?"""
+    ex = exercise("2.1")
+    ex.grade(_star_sum, "correct")
+    with pytest.raises(GradingFailure, match=r"point_to_point: on 3 ranks, rank \d (sent a message \(send\) to|received a "
+                                             r"message \(recv\) from) rank \d\. In the ring"):
+        ex.grade(_star_sum, "point_to_point")
+    with pytest.raises(GradingFailure, match="self-check: on 3 ranks"):
+        ex.self_check(_star_sum)
 
 
 def test_a_missing_function_is_named():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -171,6 +172,120 @@ def test_skipped_collective_names_the_missing_rank():
     message = str(info.value)
     assert "rank 2 never reached all_reduce; it is in recv(src=3)" in message
     assert "rank 0 waits in all_reduce" in message
+
+
+# -- every public call is watched -----------------------------------------------------------
+
+#: Calls that moved into torch.distributed after torch 2.2 (the oldest the course supports):
+#: they are wrapped where the installed torch has them.
+NEWER_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce_coalesced")
+
+
+def _public_calls() -> set[str]:
+    """The public functions of the installed torch.distributed (its __all__ and its module's)."""
+    import inspect
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    names = set(getattr(c10d, "__all__", ())) | {n for n in dir(dist) if not n.startswith("_")}
+    found = set()
+    with warnings.catch_warnings():  # touching a deprecated alias (reduce_op) warns
+        warnings.simplefilter("ignore")
+        for name in names:
+            obj = getattr(dist, name, None) or getattr(c10d, name, None)
+            if obj is None or inspect.isclass(obj) or not callable(obj) or inspect.ismodule(obj):
+                continue
+            module = getattr(obj, "__module__", "") or ""
+            if module.startswith("torch.distributed") or name in getattr(c10d, "__all__", ()):
+                found.add(name)
+    return found
+
+
+def test_every_public_call_is_wrapped_or_deliberately_left_alone():
+    """Is every public function of the installed torch.distributed either wrapped (traced, named in hang reports) or listed as moving no data?"""
+    from helpers.instrument import NOT_COMMUNICATION
+    from helpers.protocol import COLLECTIVES, POINT_TO_POINT
+
+    public = _public_calls()
+    assert {"all_reduce", "send", "init_process_group"} <= public, sorted(public)  # the scan finds something
+    wrapped = set(POINT_TO_POINT) | set(COLLECTIVES)
+    unknown = sorted(public - wrapped - set(NOT_COMMUNICATION))
+    assert not unknown, (
+        f"torch.distributed {__import__('torch').__version__} has public calls the helpers neither wrap nor "
+        f"list as moving no data: {unknown}. Add each collective to COLLECTIVES (or POINT_TO_POINT) in "
+        "helpers/protocol.py, or a call that moves no data to NOT_COMMUNICATION in helpers/instrument.py."
+    )
+    assert not set(NOT_COMMUNICATION) & wrapped
+
+
+def _wrapped_and_newer(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from helpers.protocol import COLLECTIVES, POINT_TO_POINT
+
+    unwrapped = [n for n in POINT_TO_POINT + COLLECTIVES
+                 if hasattr(dist, n) and not hasattr(getattr(dist, n), "__wrapped__")]
+    values = {}
+    if hasattr(dist, "all_gather_single"):
+        out = torch.zeros(2 * world_size)
+        dist.all_gather_single(out, torch.full((2,), float(rank)))
+        values["all_gather_single"] = out.tolist()
+    if hasattr(dist, "reduce_scatter_single"):
+        out = torch.zeros(2)
+        dist.reduce_scatter_single(out, torch.arange(2.0 * world_size) + rank)
+        values["reduce_scatter_single"] = out.tolist()
+    if hasattr(dist, "all_reduce_coalesced"):
+        tensors = [torch.full((3,), float(rank)), torch.ones(1)]
+        dist.all_reduce_coalesced(tensors)
+        values["all_reduce_coalesced"] = [t.tolist() for t in tensors]
+    return unwrapped, values
+
+
+def test_newer_collectives_are_traced_on_gloo():
+    """Are all_gather_single, reduce_scatter_single and all_reduce_coalesced (unwrapped before) one record per rank with their bytes, and is every known call wrapped on the ranks?"""
+    import torch.distributed as dist
+
+    present = [n for n in NEWER_COLLECTIVES if hasattr(dist, n)]
+    if not present:
+        pytest.skip(f"this torch has none of {NEWER_COLLECTIVES}")
+    result = launch(_wrapped_and_newer, 2, trace=True, output="quiet")
+    for rank, (unwrapped, values) in enumerate(result):
+        assert unwrapped == [], f"rank {rank}: not wrapped: {unwrapped}"
+        assert sorted(values) == sorted(present)
+        if "all_gather_single" in values:
+            assert values["all_gather_single"] == [0.0, 0.0, 1.0, 1.0]
+        if "reduce_scatter_single" in values:
+            assert values["reduce_scatter_single"] == [[1.0, 3.0], [5.0, 7.0]][rank]
+        if "all_reduce_coalesced" in values:
+            assert values["all_reduce_coalesced"] == [[1.0, 1.0, 1.0], [2.0]]
+    totals = result.trace.op_totals()
+    expected_bytes = {"all_gather_single": 8, "reduce_scatter_single": 16, "all_reduce_coalesced": 16}
+    for name in present:
+        assert totals.get(name) == {"calls": 2, "bytes": 2 * expected_bytes[name]}, (name, totals)
+    assert set(totals) == set(present), totals  # no inner call recorded twice
+
+
+def _half_gather(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.all_gather_single(torch.zeros(2 * world_size), torch.ones(2))
+
+
+def test_a_hang_in_a_newer_collective_is_named():
+    """Is a rank stuck in all_gather_single (a call the wrappers missed before) named in the hang report, with the rank that never came?"""
+    import torch.distributed as dist
+
+    if not hasattr(dist, "all_gather_single"):
+        pytest.skip("this torch has no all_gather_single")
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_half_gather, 2, timeout=2, output="quiet")
+    message = str(info.value)
+    assert "all_gather_single" in info.value.waiting[0], info.value.waiting
+    assert "rank 1 never reached all_gather_single" in message, message
 
 
 def test_cluster_run_and_exec_can_trace():
