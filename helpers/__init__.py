@@ -9,6 +9,9 @@
 - The call names ``launch(..., forbid=...)`` takes: :data:`COLLECTIVES` (every
   collective), :data:`DATA_COLLECTIVES` (all but the barriers), :data:`POINT_TO_POINT`,
   and :data:`DDP` for DistributedDataParallel.
+- :func:`run` and :func:`start` run a command (``torchrun``, a script) from a cell with
+  live labelled output; nothing it starts outlives it (see :mod:`helpers.commands`).
+- :func:`export_script` writes a notebook function as a script ``torchrun`` can run.
 - :func:`machine_info` says what this machine offers (CPUs, GPUs, backends).
 - :func:`shutdown` stops the background process that starts ranks (it restarts on demand).
 
@@ -23,8 +26,10 @@ import os
 from ._factory import get_factory as _get_factory
 from ._factory import shutdown_factory as shutdown
 from .backend import machine_info
+from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
 from .cluster import Cluster, ClusterError
 from .errors import BackendUnavailableError, ForbiddenCallError, LaunchError, LaunchTimeoutError, RankFailedError
+from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
 from .protocol import COLLECTIVES, DATA_COLLECTIVES, DDP, POINT_TO_POINT
 
@@ -46,6 +51,13 @@ __all__ = [
     "unload_ipython_extension",
     "machine_info",
     "shutdown",
+    "run",
+    "start",
+    "Job",
+    "CommandFailedError",
+    "CommandTimeoutError",
+    "export_script",
+    "ExportError",
 ]
 
 __version__ = "0.1.0"

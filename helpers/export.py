@@ -1,0 +1,208 @@
+"""Turn a function written in a notebook into a script a launcher (``torchrun``) can run.
+
+:func:`export_script` writes ``fn`` with everything it uses from the notebook: the
+modules it names (as imports), the functions and classes defined next to it (their
+source), simple constants (their value), and tensors (saved to a ``.pt`` file beside
+the script, which loads them). The script then reads ``RANK`` and ``WORLD_SIZE`` from
+the environment, as ``torchrun``, ``torch.distributed.launch`` (with ``--use-env``) and
+a SLURM wrapper set them, creates the process group, calls ``fn(rank, world_size,
+*args)``, and destroys the group, all under ``if __name__ == "__main__":``.
+
+Example::
+
+    >>> def hello(rank, world_size):
+    ...     print(f"rank {rank} of {world_size}")
+    >>> path = export_script(hello, "hello.py")
+    >>> # then: torchrun --standalone --nproc-per-node=2 hello.py
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+import textwrap
+import types
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = ["export_script", "ExportError"]
+
+
+class ExportError(ValueError):
+    """Something ``fn`` uses cannot be written into a script; the message says what and what to do."""
+
+
+def _literal(value: Any) -> str | None:
+    """The source of ``value`` when it is a plain literal that reads back equal, else None."""
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), tuple, list, dict, set, frozenset)):
+        text = repr(value)
+        try:
+            if ast.literal_eval(text) == value:
+                return text
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return None
+
+
+def _names_used(source: str) -> list[str]:
+    """Names a piece of source reads, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            seen.setdefault(node.id, None)
+    return list(seen)
+
+
+def _source(obj: Any) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError) as exc:
+        raise ExportError(
+            f"cannot read the source of {getattr(obj, '__qualname__', obj)!r} ({exc}); define it in a notebook "
+            "cell or a file (not with exec or in an interactive prompt without history)"
+        ) from None
+
+
+class _Writer:
+    def __init__(self, fn: Callable, home: str) -> None:
+        self.home = home
+        self.imports: dict[str, None] = {}
+        self.constants: list[str] = []
+        self.definitions: list[str] = []
+        self.tensors: dict[str, Any] = {}
+        self.done: set[int] = set()
+        self.visit_definition(fn)
+
+    def visit_definition(self, obj: Any) -> None:
+        if id(obj) in self.done:
+            return
+        self.done.add(id(obj))
+        source = _source(obj)
+        scope = getattr(obj, "__globals__", None)
+        if scope is None:  # a class: its methods share the module's globals
+            scope = vars(importlib.import_module(obj.__module__)) if obj.__module__ in _loaded() else {}
+            for member in vars(obj).values():
+                func = getattr(member, "__func__", member)
+                if isinstance(func, types.FunctionType):
+                    scope = func.__globals__
+                    break
+        defined_here = {n.name for n in ast.walk(ast.parse(source))
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        for name in _names_used(source):
+            if name in defined_here or name not in scope:
+                continue  # a local, an argument, or a builtin
+            self.visit_global(name, scope[name], obj)
+        self.definitions.append(source)
+
+    def visit_global(self, name: str, value: Any, user: Any) -> None:
+        import torch
+
+        if isinstance(value, types.ModuleType):
+            real = value.__name__
+            self.imports[f"import {real}" if real == name else f"import {real} as {name}"] = None
+            return
+        module = getattr(value, "__module__", None)
+        if isinstance(value, (types.FunctionType, type)) and module == self.home:
+            self.visit_definition(value)
+            return
+        if getattr(builtins, name, None) is value:
+            return
+        qualname = getattr(value, "__qualname__", None)
+        if module and qualname and "." not in qualname and module in _loaded():
+            try:
+                found = getattr(importlib.import_module(module), qualname)
+            except AttributeError:
+                found = None
+            if found is value:
+                module = _shortest_home(module, qualname, value)
+                line = f"from {module} import {qualname}" + (f" as {name}" if name != qualname else "")
+                self.imports[line] = None
+                return
+        text = _literal(value)
+        if text is not None:
+            self.constants.append(f"{name} = {text}")
+            return
+        if isinstance(value, torch.Tensor):
+            self.tensors[name] = value.detach().cpu()
+            self.constants.append(f'{name} = _DATA["{name}"]')
+            return
+        raise ExportError(
+            f"{getattr(user, '__qualname__', user)} uses the global {name!r}, a {type(value).__name__}, which "
+            "cannot be written into a script. Create it inside the function, or pass it as an argument "
+            "(args= takes plain values)."
+        )
+
+
+def _shortest_home(module: str, qualname: str, value: Any) -> str:
+    """The shortest parent package that exports ``value`` under the same name (torch.nn.parallel, not
+    torch.nn.parallel.distributed)."""
+    parts = module.split(".")
+    for n in range(1, len(parts)):
+        try:
+            if getattr(importlib.import_module(".".join(parts[:n])), qualname, None) is value:
+                return ".".join(parts[:n])
+        except ImportError:
+            continue
+    return module
+
+
+def _loaded() -> set[str]:
+    import sys
+
+    return set(sys.modules)
+
+
+def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, setup: bool = True,
+                  backend: str = "gloo") -> Path:
+    """Write ``fn`` and what it uses to ``path`` as a script for ``torchrun``; returns the path.
+
+    With ``setup=True`` (the default) the script creates the process group from the
+    environment (``backend``), calls ``fn(rank, world_size, *args)`` and destroys the
+    group. With ``setup=False`` it calls ``fn(*args)`` and leaves everything to ``fn``: for
+    a ``main()`` that sets up its own group. ``args`` must be plain values (numbers,
+    strings, lists, ...). Tensors ``fn`` reads from the notebook go to
+    ``<script name>_data.pt`` beside the script.
+
+    Raises :class:`ExportError` naming the global that cannot be written, with what to do.
+    """
+    path = Path(path)
+    for i, arg in enumerate(args):
+        if _literal(arg) is None:
+            raise ExportError(f"args[{i}] is a {type(arg).__name__}; a script can only take plain values "
+                              "(numbers, strings, lists, dicts): build it inside the function instead")
+    writer = _Writer(fn, fn.__module__)
+    lines = [f'"""{fn.__name__}, exported from a notebook by helpers.export_script.', "",
+             f"Run: torchrun --standalone --nproc-per-node=2 {path.name}", '"""', ""]
+    imports = dict.fromkeys(["import os"] + (["import torch.distributed as dist"] if setup else []) + list(writer.imports))
+    if writer.tensors:
+        imports["import torch"] = None
+    lines += list(imports)
+    lines.append("")
+    if writer.tensors:
+        data = path.with_name(f"{path.stem}_data.pt")
+        import torch
+
+        torch.save(writer.tensors, data)
+        lines.append(f'_DATA = torch.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "{data.name}"), '
+                     'weights_only=True)')
+    lines += writer.constants
+    lines.append("")
+    for source in writer.definitions:
+        lines += ["", source.rstrip(), ""]
+    call_args = ", ".join(_literal(a) for a in args)
+    if setup:
+        lines += ["", "def main():",
+                  "    # Set by torchrun (and by torch.distributed.launch --use-env, or a SLURM wrapper).",
+                  '    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])',
+                  f'    dist.init_process_group("{backend}")  # reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE',
+                  "    try:",
+                  f"        {fn.__name__}(rank, world_size{', ' + call_args if call_args else ''})",
+                  "    finally:",
+                  "        dist.destroy_process_group()",
+                  "", "", 'if __name__ == "__main__":', "    main()", ""]
+    else:
+        lines += ["", 'if __name__ == "__main__":', f"    {fn.__name__}({call_args})", ""]
+    path.write_text("\n".join(lines))
+    return path
