@@ -66,8 +66,9 @@ def _source(obj: Any) -> str:
 
 
 class _Writer:
-    def __init__(self, fn: Callable, home: str) -> None:
+    def __init__(self, fn: Callable, home: str, replace: dict[str, Any]) -> None:
         self.home = home
+        self.replace = replace
         self.imports: dict[str, None] = {}
         self.constants: list[str] = []
         self.definitions: list[str] = []
@@ -75,7 +76,7 @@ class _Writer:
         self.done: set[int] = set()
         self.visit_definition(fn)
 
-    def visit_definition(self, obj: Any) -> None:
+    def visit_definition(self, obj: Any, name: str | None = None) -> None:
         if id(obj) in self.done:
             return
         self.done.add(id(obj))
@@ -90,10 +91,12 @@ class _Writer:
                     break
         defined_here = {n.name for n in ast.walk(ast.parse(source))
                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        for name in _names_used(source):
-            if name in defined_here or name not in scope:
+        for used in _names_used(source):
+            if used in defined_here or (used not in scope and used not in self.replace):
                 continue  # a local, an argument, or a builtin
-            self.visit_global(name, scope[name], obj)
+            self.visit_global(used, self.replace[used] if used in self.replace else scope[used], obj)
+        if name is not None and name != obj.__name__:
+            source += f"\n\n{name} = {obj.__name__}\n"
         self.definitions.append(source)
 
     def visit_global(self, name: str, value: Any, user: Any) -> None:
@@ -104,8 +107,8 @@ class _Writer:
             self.imports[f"import {real}" if real == name else f"import {real} as {name}"] = None
             return
         module = getattr(value, "__module__", None)
-        if isinstance(value, (types.FunctionType, type)) and module == self.home:
-            self.visit_definition(value)
+        if isinstance(value, (types.FunctionType, type)) and (module == self.home or name in self.replace):
+            self.visit_definition(value, name)
             return
         if getattr(builtins, name, None) is value:
             return
@@ -155,7 +158,7 @@ def _loaded() -> set[str]:
 
 
 def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, setup: bool = True,
-                  backend: str = "gloo") -> Path:
+                  backend: str = "gloo", replace: dict[str, Any] | None = None) -> Path:
     """Write ``fn`` and what it uses to ``path`` as a script for ``torchrun``; returns the path.
 
     With ``setup=True`` (the default) the script creates the process group from the
@@ -165,6 +168,10 @@ def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, s
     strings, lists, ...). Tensors ``fn`` reads from the notebook go to
     ``<script name>_data.pt`` beside the script.
 
+    ``replace`` maps global names to what the script should use instead of the notebook's
+    value (a function or class, whose source is written, or a plain value): the grader
+    uses it to run a learner's ``main`` with the course's own model and data.
+
     Raises :class:`ExportError` naming the global that cannot be written, with what to do.
     """
     path = Path(path)
@@ -172,7 +179,7 @@ def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, s
         if _literal(arg) is None:
             raise ExportError(f"args[{i}] is a {type(arg).__name__}; a script can only take plain values "
                               "(numbers, strings, lists, dicts): build it inside the function instead")
-    writer = _Writer(fn, fn.__module__)
+    writer = _Writer(fn, fn.__module__, dict(replace or {}))
     lines = [f'"""{fn.__name__}, exported from a notebook by helpers.export_script.', "",
              f"Run: torchrun --standalone --nproc-per-node=2 {path.name}", '"""', ""]
     imports = dict.fromkeys(["import os"] + (["import torch.distributed as dist"] if setup else []) + list(writer.imports))

@@ -1,6 +1,7 @@
 """Functions for tests/test_commands.py to export, as a notebook would define them (one module)."""
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,8 @@ def train(rank, world_size, lr):
         opt.step()
     weight = model.module.lin.weight.detach().clone()
     dist.all_reduce(weight)
-    print(f"rank {rank} of {world_size}, local rank {os.environ['LOCAL_RANK']}: sum of weights {weight.sum().item():.6f}")
+    line = f"rank {rank} of {world_size}, local rank {os.environ['LOCAL_RANK']}: sum of weights {weight.sum().item():.6f}"
+    sys.stdout.write(line + "\n")  # one write: the two ranks share the pipe, so print's two writes could interleave
 
 
 def uses_a_lock(rank, world_size):
