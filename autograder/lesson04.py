@@ -27,8 +27,9 @@ Hidden test cells (one per part) and the visible self-checks::
     exercise("4.4").grade(ring_allreduce, "correct")   # "point_to_point", "bandwidth", "no_hang"
     exercise("4.4").self_check(ring_allreduce)          # a few cases on 2 and 3 ranks, and the traffic
 
-Example (the instructor's ring passes; a schedule that never moves fails)::
+Example (the instructor's ring passes; a schedule that always sends chunk 0 fails)::
 
+    >>> from autograder.kit import GradingFailure
     >>> from autograder.reference import ring_allreduce
     >>> exercise_4_4.grade(ring_allreduce, "no_hang")
     >>> try:
@@ -46,8 +47,8 @@ from typing import Any, Callable
 
 from helpers import DATA_COLLECTIVES
 
-from .kit import (Attempt, Exercise, GradingFailure, Part, by_world_size, first_difference, fresh_seed, plural,
-                  seeded_tensor, silent_ranks)
+from .kit import (Attempt, Exercise, Part, by_world_size, first_difference, fresh_seed, plural, seeded_tensor,
+                  silent_ranks)
 
 __all__ = ["EXERCISES", "exercise_4_1", "exercise_4_2", "exercise_4_3", "exercise_4_4", "CASES", "PHASES"]
 
