@@ -2,7 +2,7 @@
 
 - :mod:`autograder.kit` declares every graded exercise as one object (number, function,
   parts with their points, switched-off calls, self-check); notebook cells reach one with
-  ``from autograder import exercise`` and ``exercise("4.1").grade(ring_allreduce, "correct")``.
+  ``from autograder import exercise`` and ``exercise("4.4").grade(ring_allreduce, "correct")``.
 - ``autograder.lessonNN`` holds each lesson's exercises (a tuple ``EXERCISES``).
 - :mod:`autograder.harness` runs a learner's function on fresh ranks and tells a wrong
   answer (:class:`~autograder.harness.GradingFailure`) from a broken check
@@ -17,7 +17,7 @@ on first use, so nbgrader's preprocessors can import it without starting ranks.
 Example::
 
     >>> from autograder import exercise
-    >>> [part.name for part in exercise("4.1").parts]
+    >>> [part.name for part in exercise("4.4").parts]
     ['correct', 'point_to_point', 'bandwidth', 'no_hang']
 """
 

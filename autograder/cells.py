@@ -3,17 +3,17 @@
 Every graded part has exactly one hidden test cell, and every such cell has one shape,
 written by :func:`hidden_test_source` from the exercise's declaration::
 
-    # Exercise 4.1, part "correct" (4 points): the right sums on 1-8 ranks, ...
+    # Exercise 4.4, part "correct" (4 points): the right sums on 1-8 ranks, ...
     from autograder import exercise
-    exercise("4.1").self_check(ring_allreduce)          <- optional: the visible self-check
+    exercise("4.4").self_check(ring_allreduce)          <- optional: the visible self-check
     ### BEGIN HIDDEN TESTS
-    exercise("4.1").grade(ring_allreduce, "correct")
+    exercise("4.4").grade(ring_allreduce, "correct")
     ### END HIDDEN TESTS
 
 A visible self-check may also sit in a cell of its own (not graded)::
 
     from autograder import exercise
-    exercise("4.1").self_check(ring_allreduce)
+    exercise("4.4").self_check(ring_allreduce)
 
 :func:`problems` lists every way a notebook departs from this: a graded cell that names
 no declared part or has other points, a declared part without a cell or with two, a

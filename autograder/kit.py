@@ -7,10 +7,10 @@ the calls switched off on the ranks with the sentence that explains why, and the
 self-check. Notebook cells only name it::
 
     from autograder import exercise
-    exercise("4.1").self_check(ring_allreduce)            # visible self-check
-    exercise("4.1").grade(ring_allreduce, "correct")      # hidden test of one part
+    exercise("4.4").self_check(ring_allreduce)            # visible self-check
+    exercise("4.4").grade(ring_allreduce, "correct")      # hidden test of one part
 
-:func:`exercise` finds ``"4.1"`` in ``autograder/lesson04.py``, so a new lesson adds its
+:func:`exercise` finds ``"4.4"`` in ``autograder/lesson04.py``, so a new lesson adds its
 module (and its notebook) and nothing else. ``tests/test_exercises.py`` checks that every
 graded cell of every notebook matches a declared part, with the declared points.
 
@@ -260,7 +260,7 @@ def exercises(lesson: int | None = None) -> list[Exercise]:
     """Every declared exercise (of one lesson when ``lesson`` is given), in number order.
 
     >>> [e.number for e in exercises(3)]
-    ['3.1', '3.2']
+    ['3.1', '3.2', '3.3']
     """
     modules = _lesson_modules()
     chosen = sorted(modules) if lesson is None else [lesson] if lesson in modules else []
@@ -272,9 +272,9 @@ def exercises(lesson: int | None = None) -> list[Exercise]:
 
 
 def exercise(number: str) -> Exercise:
-    """The exercise numbered ``number`` ("4.1"), from ``autograder/lessonNN.py``.
+    """The exercise numbered ``number`` ("4.4"), from ``autograder/lessonNN.py``.
 
-    >>> exercise("4.1").function
+    >>> exercise("4.4").function
     'ring_allreduce'
     """
     match = _NUMBER.match(str(number))

@@ -1,4 +1,5 @@
-"""Lesson 03's graded exercises: broadcast (3.1) and all-gather (3.2) from point-to-point calls.
+"""Lesson 03's graded exercises: broadcast (3.1) and all-gather (3.2) from point-to-point calls,
+and a hierarchical all-reduce (3.3) made of collectives on subgroups.
 
 Exercise 3.1, ``my_broadcast(tensor, src)``: afterwards every rank of the default group
 holds rank ``src``'s values in ``tensor`` (filled in place; ``src``'s own tensor is left
@@ -9,13 +10,24 @@ rank ``i``'s ``tensor`` on every rank; the tensors already in the list are fille
 and ``tensor`` is left as it was, like ``dist.all_gather(tensor_list, tensor)``.
 
 Both with point-to-point calls only, for 1 to 6 ranks, any contiguous shape, several
-dtypes. Hidden test cells (three parts each) and the visible self-checks::
+dtypes.
+
+Exercise 3.3, ``hierarchical_all_reduce(tensor, ranks_per_node)``: sums ``tensor`` in place
+over all ranks, as ``dist.all_reduce(tensor)`` would, in three collectives on subgroups
+made with ``dist.new_group``: ``reduce`` within each node (blocks of ``ranks_per_node``
+consecutive ranks) to its leader (the node's lowest rank), ``all_reduce`` among the
+leaders, ``broadcast`` from each leader within its node. Unlike 3.1 and 3.2 it uses the
+built-in collectives; the trace shows which ones, on which groups.
+
+Hidden test cells (one per part) and the visible self-checks::
 
     from autograder import exercise
     exercise("3.1").grade(my_broadcast, "correct")     # also "point_to_point", "no_hang"
     exercise("3.2").grade(my_all_gather, "correct")    # also "point_to_point", "no_hang"
+    exercise("3.3").grade(hierarchical_all_reduce, "correct")   # also "hierarchy"
     exercise("3.1").self_check(my_broadcast)           # 2 and 3 ranks
     exercise("3.2").self_check(my_all_gather)
+    exercise("3.3").self_check(hierarchical_all_reduce)   # 4 ranks on 2 nodes
 
 Example (a broadcast that leaves every tensor alone is caught)::
 
@@ -35,7 +47,8 @@ from helpers import DATA_COLLECTIVES
 
 from .kit import Attempt, Exercise, Part, by_world_size, first_difference, fresh_seed, plural, seeded_tensor, silent_ranks
 
-__all__ = ["EXERCISES", "exercise_3_1", "exercise_3_2", "BROADCAST_CASES", "ALL_GATHER_CASES"]
+__all__ = ["EXERCISES", "exercise_3_1", "exercise_3_2", "exercise_3_3", "BROADCAST_CASES", "ALL_GATHER_CASES",
+           "HIERARCHY_CASES"]
 
 # (world size, src, shape, dtype name): every world size, first/last/middle sources.
 BROADCAST_CASES = [
@@ -258,4 +271,105 @@ exercise_3_2 = Exercise(
     forbid_reason="exercise 3.2 asks you to build all_gather yourself, from send, recv, isend and irecv",
 )
 
-EXERCISES = (exercise_3_1, exercise_3_2)
+
+
+# -- Exercise 3.3: a hierarchical all-reduce on subgroups -------------------------------------
+
+# (world size, ranks per node): one node, one rank per node, two to four nodes.
+HIERARCHY_CASES = [(1, 1), (2, 2), (4, 1), (4, 2), (6, 3), (8, 2)]
+HIERARCHY_TENSORS = [((5,), "float32"), ((2, 3), "int64"), ((4,), "float64")]
+HIERARCHY_TRACED = ((4, 2), (6, 3), (6, 2))
+HIERARCHY_SELF_CHECK = [(2, 2), (4, 2)]
+
+
+def _hierarchy_worker(rank: int, world_size: int, fn: Callable, ranks_per_node: int, cases: list,
+                      seed: int) -> list[dict]:
+    out = []
+    for i, (shape, dtype_name) in enumerate(cases):
+        tensor = seeded_tensor(shape, dtype_name, seed + i, rank, int_range=(-50, 50))
+        expected = sum(seeded_tensor(shape, dtype_name, seed + i, r, int_range=(-50, 50)) for r in range(world_size))
+        before = tensor.data_ptr()
+        fn(tensor, ranks_per_node)
+        row: dict[str, Any] = {"shape": shape, "dtype": dtype_name, "why": None}
+        if tensor.data_ptr() != before:
+            row["why"] = ("the tensor's memory was replaced: sum into the tensor you were given (the collectives "
+                          "all work in place)")
+        else:
+            diff = first_difference(tensor, expected, tolerance=1e-4 if dtype_name == "float32" else 1e-9)
+            row["why"] = str(diff) if diff else None
+        out.append(row)
+    return out
+
+
+def _hierarchy_run(attempt: Attempt, world: int, m: int, cases: list, trace: bool = False):
+    result = attempt.run(_hierarchy_worker, world, (attempt.fn, m, cases, fresh_seed()), timeout=10.0,
+                         trace=trace, nnodes=world // m, context=f"ranks_per_node={m}")
+    _first_failure(attempt, world, list(result),
+                   lambda row: f"ranks_per_node={m}, summing {row['dtype']} tensors of shape {row['shape']}")
+    return result
+
+
+def _hierarchy_correct(attempt: Attempt, cases: list = HIERARCHY_CASES) -> None:
+    for world, m in cases:
+        _hierarchy_run(attempt, world, m, HIERARCHY_TENSORS)
+
+
+def _hierarchy_calls(attempt: Attempt, cases: tuple = HIERARCHY_TRACED) -> None:
+    """From the trace: reduce on the node's group to its leader, all_reduce among leaders, broadcast back."""
+    for world, m in cases:
+        result = _hierarchy_run(attempt, world, m, [((6,), "float32")], trace=True)
+        leaders = list(range(0, world, m))
+        where = f"on {world} ranks with ranks_per_node={m}"
+        for rank in range(world):
+            first = rank - rank % m
+            node = list(range(first, first + m))
+            events = result.trace.for_rank(rank)
+            if any(e.is_p2p for e in events):
+                attempt.fail(f"{where}, rank {rank} sent or received point-to-point messages: move the data with "
+                             "the three collectives only (reduce, all_reduce, broadcast).")
+            calls = [e for e in events if e.op in DATA_COLLECTIVES]
+            for e in calls:
+                if e.op not in ("reduce", "all_reduce", "broadcast"):
+                    continue
+                wanted, name = (leaders, "the leaders' group") if e.op == "all_reduce" else (node, "the node's group")
+                if e.group != wanted:
+                    group = "the whole world (the default group)" if e.group is None else f"the group {e.group}"
+                    attempt.fail(f"{where}, rank {rank} called {e.op} on {group}; its {e.op} belongs on {name}, "
+                                 f"{wanted}. Make the groups with dist.new_group and pass them as group=.")
+            ops = [e.op for e in calls]
+            want = ["reduce", "all_reduce", "broadcast"] if rank == first else ["reduce", "broadcast"]
+            if ops != want:
+                attempt.fail(f"{where}, rank {rank} (" + ("its node's leader" if rank == first else f"led by rank {first}")
+                             + f") called {', '.join(ops) or 'no collective'}; it should call "
+                             f"{', then '.join(want)}: reduce to the leader within the node, all_reduce among the "
+                             "leaders only, broadcast from the leader within the node.")
+            for e in calls:
+                if e.op in ("reduce", "broadcast") and e.peer != first:
+                    word = "dst" if e.op == "reduce" else "src"
+                    attempt.fail(f"{where}, rank {rank} called {e.op} with {word}={e.peer}; its node's leader is "
+                                 f"rank {first} (the node's lowest rank, a global rank number).")
+
+
+def _hierarchy_self_check(attempt: Attempt) -> str:
+    _hierarchy_correct(attempt, HIERARCHY_SELF_CHECK)
+    _hierarchy_calls(attempt, ((4, 2),))
+    return ("Self-check passed: hierarchical_all_reduce sums correctly on 2 ranks (one node) and on 4 ranks "
+            "(two nodes of 2), and the trace shows reduce within each node, all_reduce among the leaders and "
+            "broadcast within each node. The hidden tests also try 1 to 8 ranks with 1 to 4 ranks per node "
+            "and check the calls on 6 ranks.")
+
+
+exercise_3_3 = Exercise(
+    number="3.3",
+    function="hierarchical_all_reduce",
+    title="a hierarchical all-reduce on subgroups",
+    parts=(
+        Part("correct", 2, "the sum on every rank, in place, 1 to 8 ranks, 1 to 4 ranks per node, 3 dtypes.",
+             _hierarchy_correct),
+        Part("hierarchy", 2, "the trace shows reduce to each node's leader, all_reduce among the leaders only, "
+             "broadcast within each node.", _hierarchy_calls),
+    ),
+    visible_check=_hierarchy_self_check,
+)
+
+EXERCISES = (exercise_3_1, exercise_3_2, exercise_3_3)

@@ -28,8 +28,8 @@ _EXERCISE = re.compile(r"#\s*(Exercise\s+[\w.]+\s*:[^\n]*)")
 class NameExerciseStubs(NbGraderPreprocessor):
     """Make each stub name its exercise.
 
-    A solution cell whose first comment reads ``# Exercise 4.1: ring all-reduce`` gets
-    ``raise NotImplementedError("Exercise 4.1: ring all-reduce")`` instead of nbgrader's
+    A solution cell whose first comment reads ``# Exercise 4.4: ring all-reduce`` gets
+    ``raise NotImplementedError("Exercise 4.4: ring all-reduce")`` instead of nbgrader's
     generic stub, so a learner who runs an unfinished cell knows which one it is.
     """
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_allreduce", "chunk_bounds", "average_gradients", "train", "MiniDDP", "bucket_layout"]
+__all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
+           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -22,23 +23,40 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     return [(min(i * size, numel), min((i + 1) * size, numel)) for i in range(world_size)]
 
 
-def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` in place over all ranks with a bandwidth-optimal ring.
+def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Exercise 4.1: ``(chunk sent right, chunk received from the left)`` at ``step`` of ``phase``.
 
-    Reduce-scatter (p-1 steps), then all-gather (p-1 steps): each rank sends 2(p-1)
-    messages of at most ceil(n/p) elements. Sends go to the right neighbour while
-    receives come from the left one; even ranks send first and odd ranks receive first,
-    so the blocking calls always pair up.
+    The ring's schedule in which rank r ends the reduce-scatter owning chunk r, as
+    ``dist.reduce_scatter_tensor`` leaves it, and starts the all-gather by sending it.
+    In both phases a rank receives the chunk just below the one it sends, and at the next
+    step sends what it has just received.
+
+    >>> [ring_chunks("reduce-scatter", s, 0, 4) for s in range(3)]
+    [(3, 2), (2, 1), (1, 0)]
+    >>> [ring_chunks("all-gather", s, 0, 4) for s in range(3)]
+    [(0, 3), (3, 2), (2, 1)]
+    """
+    if phase == "reduce-scatter":
+        send = (rank - step - 1) % world_size
+    elif phase == "all-gather":
+        send = (rank - step) % world_size
+    else:
+        raise ValueError(f"phase is 'reduce-scatter' or 'all-gather', not {phase!r}")
+    return send, (send - 1) % world_size
+
+
+def _ring_pass(flat: torch.Tensor, phase: str, add: bool) -> None:
+    """The p-1 steps of one phase on the flat view ``flat``: send right, receive from the left.
+
+    Even ranks send then receive, odd ranks receive then send, so the blocking calls always
+    pair up (with an odd world size the chain unwinds from the odd ranks).
     """
     rank, p = dist.get_rank(), dist.get_world_size()
-    if p == 1:
-        return tensor
-    flat = tensor.view(-1)
-    bounds = chunk_bounds(flat.numel(), p)
     right, left = (rank + 1) % p, (rank - 1) % p
+    bounds = chunk_bounds(flat.numel(), p)
     buffer = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)
-
-    def exchange(send_chunk: int, recv_chunk: int) -> torch.Tensor:
+    for step in range(p - 1):
+        send_chunk, recv_chunk = ring_chunks(phase, step, rank, p)
         s0, s1 = bounds[send_chunk]
         r0, r1 = bounds[recv_chunk]
         incoming = buffer[: r1 - r0]
@@ -48,18 +66,59 @@ def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
         else:
             dist.recv(incoming, left)
             dist.send(flat[s0:s1], right)
-        return incoming
+        if add:
+            flat[r0:r1] += incoming
+        else:
+            flat[r0:r1] = incoming
 
-    for step in range(p - 1):  # reduce-scatter: after it, rank r owns the full sum of chunk (r+1) % p
-        send_chunk, recv_chunk = (rank - step) % p, (rank - step - 1) % p
-        incoming = exchange(send_chunk, recv_chunk)
-        r0, r1 = bounds[recv_chunk]
-        flat[r0:r1] += incoming
-    for step in range(p - 1):  # all-gather: pass the finished chunks round the ring
-        send_chunk, recv_chunk = (rank - step + 1) % p, (rank - step) % p
-        incoming = exchange(send_chunk, recv_chunk)
-        r0, r1 = bounds[recv_chunk]
-        flat[r0:r1] = incoming
+
+def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
+    """Exercise 4.2: chunk ``rank`` of ``tensor`` (flattened) becomes its sum over all ranks, in place.
+
+    p-1 messages of at most ceil(n/p) elements per rank, to the right neighbour. The other
+    chunks are left holding partial sums.
+    """
+    _ring_pass(tensor.view(-1), "reduce-scatter", add=True)
+    return tensor
+
+
+def ring_all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Exercise 4.3: every rank's chunk ``rank`` is copied into chunk ``rank`` on every rank, in place.
+
+    p-1 messages of at most ceil(n/p) elements per rank, to the right neighbour.
+    """
+    _ring_pass(tensor.view(-1), "all-gather", add=False)
+    return tensor
+
+
+def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Exercise 4.4: sum ``tensor`` in place over all ranks with a bandwidth-optimal ring.
+
+    Reduce-scatter (p-1 steps: rank r then owns the full sum of chunk r), then all-gather
+    (p-1 steps): each rank sends 2(p-1) messages of at most ceil(n/p) elements.
+    """
+    ring_reduce_scatter(tensor)
+    ring_all_gather(tensor)
+    return tensor
+
+
+def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int) -> torch.Tensor:
+    """Exercise 3.3: sum ``tensor`` in place over all ranks, node by node, with collectives on subgroups.
+
+    Nodes are blocks of ``ranks_per_node`` consecutive ranks; each node's leader is its
+    lowest rank. Reduce within each node to its leader, all-reduce among the leaders,
+    then broadcast from each leader within its node. Every rank creates every group, in
+    the same order, members or not.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    m = ranks_per_node
+    nodes = [dist.new_group(list(range(first, first + m))) for first in range(0, world_size, m)]
+    leaders = dist.new_group(list(range(0, world_size, m)))
+    node, leader = nodes[rank // m], rank - rank % m
+    dist.reduce(tensor, dst=leader, group=node)
+    if rank == leader:
+        dist.all_reduce(tensor, group=leaders)
+    dist.broadcast(tensor, src=leader, group=node)
     return tensor
 
 

@@ -10,8 +10,9 @@ cell (from the cells' execution timestamps in the autograded notebook):
 
 - ``solution``: the instructor's notebook handed in as a learner's (full marks);
 - ``stubs``: the learner notebook untouched (every exercise raises NotImplementedError);
-- ``deadlock``: lesson 04 only, a ring all-reduce where every rank receives first (the
-  slowest realistic case: every check waits out its timeout).
+- ``deadlock``: lesson 04 only, the solution except for a ring all-reduce (Exercise 4.4)
+  where every rank receives first (the slowest realistic case: every check of the ring
+  waits out its timeout).
 
 Targets on 2 cores: no lesson over 60 s, one submission always under 120 s, and no cell
 near nbgrader's per-cell timeout (90 s here).
@@ -86,7 +87,7 @@ def main() -> int:
                 answers = {} if kind == "stubs" else _solution_answers(lesson, release)
                 if kind == "deadlock":
                     gid = next(g for g, src in answers.items() if "def ring_allreduce" in src)
-                    answers = {gid: DEADLOCK}
+                    answers = {**answers, gid: DEADLOCK}  # the other exercises answered correctly
                 submission(release, subs / f"{kind}" / lesson / f"{lesson}.ipynb", answers)
         started = time.monotonic()
         done = run_instructor_command(root, "grade", str(subs))

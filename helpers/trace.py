@@ -34,10 +34,12 @@ from typing import Any, Iterable
 
 from .protocol import TraceEvent
 
-__all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS"]
+__all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS", "RING_PHASES"]
 
 SEND_OPS = ("send", "isend", "send_object_list")
 RECV_OPS = ("recv", "irecv", "recv_object_list")
+#: The two phases of a ring all-reduce, in the order it runs them.
+RING_PHASES = ("reduce-scatter", "all-gather")
 _COLORS = {
     "send": "#1f77b4",
     "isend": "#6baed6",
@@ -160,25 +162,35 @@ class Trace:
 
     # -- ring steps -------------------------------------------------------------------
 
-    def ring_steps(self, numel: int | None = None) -> list[dict[str, Any]]:
-        """Reconstruct a ring all-reduce step by step from its point-to-point messages.
+    def ring_steps(self, numel: int | None = None, phases: tuple[str, ...] = RING_PHASES) -> list[dict[str, Any]]:
+        """Reconstruct a ring all-reduce (or one of its phases) step by step from its point-to-point messages.
 
+        ``phases`` are the phases the trace holds, in order, p-1 steps each: the default is a
+        whole all-reduce; ``("reduce-scatter",)`` or ``("all-gather",)`` reads a trace of one
+        phase alone (a lone all-gather starts with rank r holding finished chunk r only).
         Step ``k`` is each rank's ``k``-th send. The chunk a message carries is read from
         where the sent tensor lies in its parent tensor (a view such as ``t[a:b]``); when
-        the sends are copies, the textbook ring schedule is assumed and
-        ``assumed_chunks`` is True. Returns, per step: ``phase`` ("reduce-scatter" or
-        "all-gather"), ``sends`` [(src, dst, chunk)], and ``holdings``: for each rank and
-        chunk, how many ranks' values that chunk now sums (p = fully reduced).
+        the sends are copies, the course's ring schedule is assumed (rank r ends the
+        reduce-scatter owning chunk r) and ``assumed_chunks`` is True. Returns, per step:
+        ``phase``, ``sends`` [(src, dst, chunk)], and ``holdings``: for each rank and chunk,
+        how many ranks' values that chunk now sums (p = fully reduced, 0 = nothing yet).
         """
+        phases = tuple(phases)
+        if not phases or any(ph not in RING_PHASES for ph in phases):
+            raise ValueError(f"phases is a sequence of {RING_PHASES}, in the order the trace ran them; got {phases!r}")
         p = self.world_size
         sends = {r: [e for e in self.for_rank(r) if e.is_send] for r in range(p)}
         steps = max((len(v) for v in sends.values()), default=0)
-        holdings = [[1] * p for _ in range(p)]  # holdings[rank][chunk]
-        contributors = [[{r} for _ in range(p)] for r in range(p)]
+        if phases[0] == "all-gather":
+            contributors = [[set(range(p)) if c == r else set() for c in range(p)] for r in range(p)]
+        else:
+            contributors = [[{r} for _ in range(p)] for r in range(p)]
+        holdings = [[len(c) for c in row] for row in contributors]  # holdings[rank][chunk]
         out = []
         assumed = False
         for k in range(steps):
-            phase = "reduce-scatter" if k < p - 1 else "all-gather"
+            index = min(k // max(p - 1, 1), len(phases) - 1)
+            phase, j = phases[index], k - index * (p - 1)  # j: the step within the phase
             moves = []
             for r in range(p):
                 if k >= len(sends[r]):
@@ -187,7 +199,7 @@ class Trace:
                 chunk = _chunk_of(e, p)
                 if chunk is None:
                     assumed = True
-                    chunk = (r - k) % p if k < p - 1 else (r - k + 1) % p
+                    chunk = (r - j - 1) % p if phase == "reduce-scatter" else (r - j) % p
                 moves.append((r, e.peer, chunk))
             new = [row[:] for row in contributors]
             for src, dst, chunk in moves:
@@ -270,13 +282,13 @@ class Trace:
         fig.tight_layout()
         return _done(fig)
 
-    def plot_ring_steps(self, interactive: bool | None = None):
-        """A ring all-reduce, step by step: which chunk each rank holds and sends.
+    def plot_ring_steps(self, interactive: bool | None = None, phases: tuple[str, ...] = RING_PHASES):
+        """A ring all-reduce (or one phase of it, see ``ring_steps``), step by step: which chunk each rank holds and sends.
 
         In a notebook with widgets this returns a slider over the steps; elsewhere (or with
         ``interactive=False``) a Figure with one panel per step.
         """
-        steps = self.ring_steps()
+        steps = self.ring_steps(phases=phases)
         if not steps:
             raise ValueError("this trace has no point-to-point sends, so there is no ring to show")
         if interactive is None:
@@ -313,7 +325,8 @@ class Trace:
             ax.axis("off")
         for ax, step in zip(axes.flat, steps):
             self._draw_step(ax, step)
-        fig.suptitle(f"Ring all-reduce on {self.world_size} ranks, step by step (number = ranks summed into the chunk)")
+        what = "all-reduce" if len(set(phases)) == 2 else phases[0]
+        fig.suptitle(f"Ring {what} on {self.world_size} ranks, step by step (number = ranks summed into the chunk)")
         fig.tight_layout()
         plt.close(fig)
         return fig

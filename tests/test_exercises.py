@@ -21,7 +21,7 @@ from autograder import exercise, exercises
 from autograder.cells import graded_cells, problems, hidden_test_source
 from autograder.harness import CheckError, GradingFailure, course_frame
 from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
-from autograder.reference import ring_allreduce
+from autograder.reference import chunk_bounds, ring_allreduce
 from helpers import COLLECTIVES, DDP, POINT_TO_POINT
 from helpers.protocol import Frame
 
@@ -53,30 +53,30 @@ def test_a_mismatched_notebook_is_reported(tmp_path):
     """Would the check above catch wrong points, a missing part, a duplicated part and an old-style cell?"""
     nb = json.loads((ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb").read_text())
     by_id = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
-    by_id["ex41-correct"]["metadata"]["nbgrader"]["points"] = 5
-    by_id["ex41-bandwidth"]["source"] = by_id["ex41-no-hang"]["source"]  # no_hang twice, bandwidth never
-    by_id["ex41-point-to-point"]["source"] = [
+    by_id["ex44-correct"]["metadata"]["nbgrader"]["points"] = 5
+    by_id["ex44-bandwidth"]["source"] = by_id["ex44-no-hang"]["source"]  # no_hang twice, bandwidth never
+    by_id["ex44-point-to-point"]["source"] = [
         "### BEGIN HIDDEN TESTS\n", "from autograder.lesson04 import check_ring_allreduce\n",
         'check_ring_allreduce(ring_allreduce, part="point_to_point")\n', "### END HIDDEN TESTS"]
     copy = tmp_path / "04-ring-all-reduce.ipynb"
     copy.write_text(json.dumps(nb))
     found = "\n".join(problems(copy))
-    assert "nbgrader gives it 5 points, Exercise 4.1 declares 4" in found
+    assert "nbgrader gives it 5 points, Exercise 4.4 declares 4" in found
     assert "part 'bandwidth' has 0 graded cells" in found
     assert "part 'no_hang' has 2 graded cells" in found
-    assert "(ex41-point-to-point): a graded cell must make exactly one call" in found
+    assert "(ex44-point-to-point): a graded cell must make exactly one call" in found
 
 
 def test_the_uniform_cell_names_everything_once():
     """Is a hidden test cell one heading, one import and one grade call, all taken from the declaration?"""
-    ex = exercise("4.1")
+    ex = exercise("4.4")
     lines = hidden_test_source(ex, "bandwidth").splitlines()
     assert lines == [
-        '# Exercise 4.1, part "bandwidth" (3 points): each rank sends exactly 2(p-1) messages of at most '
-        "ceil(n/p) elements.",
+        '# Exercise 4.4, part "bandwidth" (3 points): each rank sends exactly 2(p-1) messages of at most '
+        "ceil(n/p) elements (to any peer).",
         "from autograder import exercise",
         "### BEGIN HIDDEN TESTS",
-        'exercise("4.1").grade(ring_allreduce, "bandwidth")',
+        'exercise("4.4").grade(ring_allreduce, "bandwidth")',
         "### END HIDDEN TESTS",
     ]
 
@@ -97,7 +97,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 8, 4: 10, 5: 10, 6: 10)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -106,7 +106,11 @@ def test_points_per_lesson_are_unchanged():
         "2.1": {"correct": 2, "point_to_point": 1, "no_hang": 1},
         "3.1": {"correct": 2, "point_to_point": 1, "no_hang": 1},
         "3.2": {"correct": 2, "point_to_point": 1, "no_hang": 1},
-        "4.1": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
+        "3.3": {"correct": 2, "hierarchy": 2},
+        "4.1": {"reduce_scatter": 1, "all_gather": 1},
+        "4.2": {"correct": 2, "ring": 1},
+        "4.3": {"correct": 2, "ring": 1},
+        "4.4": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
         "5.1": {"correct": 2, "unused_frozen_tied": 1, "parameters_unchanged": 1, "training": 2},
         "5.2": {"same_steps": 2, "sharding": 2},
         "6.1": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
@@ -117,12 +121,12 @@ def test_lookups_that_fail_say_what_exists():
     """Does asking for an unknown exercise or part name what there is instead?"""
     with pytest.raises(LookupError, match=r"autograder/lesson97\.py"):
         exercise("97.1")
-    with pytest.raises(LookupError, match=r"declares no exercise 4\.9 \(it has 4\.1\)"):
+    with pytest.raises(LookupError, match=r"declares no exercise 4\.9 \(it has 4\.1, 4\.2, 4\.3, 4\.4\)"):
         exercise("4.9")
     with pytest.raises(ValueError, match="look like '4.1'"):
         exercise("four")
     with pytest.raises(ValueError, match="correct, point_to_point, bandwidth, no_hang"):
-        exercise("4.1").grade(ring_allreduce, "speed")
+        exercise("4.4").grade(ring_allreduce, "speed")
 
 
 def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypatch):
@@ -144,6 +148,102 @@ def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypat
             exercise("97.1").grade(lambda rank, world_size: 0, "right")
     finally:
         sys.modules.pop("autograder.lesson97", None)
+
+
+# -- what the lesson 03 and 04 checks accept ---------------------------------------------------
+
+
+def _direct_reduce_scatter(tensor):
+    """Not a ring: every rank sends chunk j straight to rank j (bandwidth-optimal all the same)."""
+    import torch
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    mine = slice(*bounds[rank])
+    incoming = {j: torch.empty(mine.stop - mine.start, dtype=flat.dtype) for j in range(p) if j != rank}
+    requests = [dist.isend(flat[slice(*bounds[j])], j) for j in incoming]
+    requests += [dist.irecv(buf, j) for j, buf in incoming.items()]
+    for request in requests:
+        request.wait()
+    for buf in incoming.values():
+        flat[mine] += buf
+    return tensor
+
+
+def _direct_allreduce(tensor):
+    """Direct reduce-scatter, then every rank sends its finished chunk straight to every other rank."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    _direct_reduce_scatter(tensor)
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    requests = [dist.isend(flat[slice(*bounds[rank])], j) for j in range(p) if j != rank]
+    requests += [dist.irecv(flat[slice(*bounds[j])], j) for j in range(p) if j != rank]
+    for request in requests:
+        request.wait()
+    return tensor
+
+
+def test_an_exchange_that_is_not_a_ring_passes_4_4_but_not_the_ring_steps():
+    """As the exercise text says: does a bandwidth-optimal direct exchange earn 4.4's bandwidth part, and fail 4.2's ring part?"""
+    exercise("4.4").grade(_direct_allreduce, "bandwidth")
+    exercise("4.2").grade(_direct_reduce_scatter, "correct")
+    with pytest.raises(GradingFailure, match=r"ring: on 3 ranks with 10 elements, rank 0 sent a message to rank 2; "
+                                             r"in a ring each rank sends only to its right neighbour, rank 1"):
+        exercise("4.2").grade(_direct_reduce_scatter, "ring")
+
+
+def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
+    """Does 4.4's visible self-check fail the whole-tensor ring on its message sizes, as the hidden bandwidth part does?"""
+    import torch
+
+    def whole_tensor_ring(tensor):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        total, outgoing, incoming = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+        for _ in range(p - 1):
+            request = dist.isend(outgoing, (rank + 1) % p)
+            dist.recv(incoming, (rank - 1) % p)
+            request.wait()
+            total += incoming
+            outgoing = incoming.clone()
+        tensor.copy_(total)
+
+    exercise("4.4").grade(whole_tensor_ring, "correct")
+    with pytest.raises(GradingFailure, match=r"self-check: on 3 ranks with 10 elements, rank 0 sent 2 messages "
+                                             r"carrying 20 elements \(the largest 10\)"):
+        exercise("4.4").self_check(whole_tensor_ring)
+
+
+def test_the_schedule_must_leave_rank_r_owning_chunk_r():
+    """Does the textbook schedule shifted by one chunk (owner r+1) fail 4.1, saying which chunk came out complete?"""
+    from autograder.reference import ring_chunks
+
+    def shifted(phase, step, rank, world_size):
+        send, recv = ring_chunks(phase, step, rank, world_size)
+        return (send + 1) % world_size, (recv + 1) % world_size
+
+    exercise("4.1").self_check(ring_chunks)
+    with pytest.raises(GradingFailure, match=r"reduce_scatter: after the reduce-scatter on 2 ranks, rank 0's chunk 0 "
+                                             r"holds the sum of ranks \[0\] only.* Its chunk 1 is complete instead"):
+        exercise("4.1").grade(shifted, "reduce_scatter")
+    with pytest.raises(GradingFailure, match=r"all_gather: on 2 ranks, at all-gather step 0, rank 0 sends chunk 1, "
+                                             r"which it does not hold yet"):
+        exercise("4.1").grade(shifted, "all_gather")
+
+
+def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
+    """Does Exercise 3.3 (collectives allowed) accept the reference, and give a plain dist.all_reduce the sums but not the hierarchy part?"""
+    from autograder.reference import hierarchical_all_reduce
+
+    def flat(tensor, ranks_per_node):
+        dist.all_reduce(tensor)
+
+    exercise("3.3").grade(hierarchical_all_reduce, "hierarchy")
+    exercise("3.3").grade(flat, "correct")
+    with pytest.raises(GradingFailure, match=r"hierarchy: on 4 ranks with ranks_per_node=2, rank 0 called all_reduce "
+                                             r"on the whole world \(the default group\); its all_reduce belongs on "
+                                             r"the leaders' group, \[0, 2\]"):
+        exercise("3.3").grade(flat, "hierarchy")
 
 
 # -- whose fault is it? -------------------------------------------------------------------------
@@ -191,7 +291,7 @@ def test_a_learner_exception_is_still_the_learners():
         raise ValueError("my mistake")
 
     with pytest.raises(GradingFailure, match=r"correct: rank \d raised ValueError: my mistake on 1 rank"):
-        exercise("4.1").grade(raises, "correct")
+        exercise("4.4").grade(raises, "correct")
 
 
 def test_a_learner_error_inside_torch_is_still_the_learners():
@@ -201,7 +301,7 @@ def test_a_learner_error_inside_torch_is_still_the_learners():
         dist.send(tensor, dst=dist.get_world_size() + 3)
 
     with pytest.raises(GradingFailure) as info:
-        exercise("4.1").grade(bad_peer, "no_hang")
+        exercise("4.4").grade(bad_peer, "no_hang")
     assert not isinstance(info.value, CheckError)
 
 
@@ -209,11 +309,11 @@ def test_an_untouched_stub_gets_the_stub_feedback():
     """Does the stub's NotImplementedError give the 'replace the raise line' feedback, naming the exercise?"""
 
     def stub(tensor):
-        raise NotImplementedError("Exercise 4.1: ring all-reduce")
+        raise NotImplementedError("Exercise 4.4: ring all-reduce")
 
     with pytest.raises(GradingFailure, match=r"bandwidth: `ring_allreduce` still raises NotImplementedError "
-                                             r"\(Exercise 4\.1: ring all-reduce\)\. Replace the"):
-        exercise("4.1").grade(stub, "bandwidth")
+                                             r"\(Exercise 4\.4: ring all-reduce\)\. Replace the"):
+        exercise("4.4").grade(stub, "bandwidth")
 
 
 def test_a_switched_off_call_gives_the_lessons_own_reason():
@@ -222,7 +322,7 @@ def test_a_switched_off_call_gives_the_lessons_own_reason():
     def builtin(tensor):
         dist.all_reduce(tensor)
 
-    ex = exercise("4.1")
+    ex = exercise("4.4")
     with pytest.raises(GradingFailure) as info:
         ex.grade(builtin, "point_to_point")
     text = str(info.value)
@@ -240,7 +340,7 @@ def test_a_function_the_ranks_cannot_receive_is_the_learners_fault():
             tensor += 0
 
     with pytest.raises(GradingFailure, match="correct: `ring_allreduce` cannot be sent to the fresh processes"):
-        exercise("4.1").grade(locked, "correct")
+        exercise("4.4").grade(locked, "correct")
 
 
 def _local_sum_with_dummy_messages(rank, world_size, value):
@@ -329,7 +429,8 @@ def test_shared_pieces():
 
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
-    "kit", "harness", "cells", "preprocessors", "scratch", "lesson00", "lesson01", "lesson02", "lesson03", "lesson04")])
+    "kit", "harness", "cells", "preprocessors", "scratch", "reference", "lesson00", "lesson01", "lesson02", "lesson03",
+    "lesson04")])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

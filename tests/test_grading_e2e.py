@@ -1,9 +1,11 @@
 """The instructor workflow end to end, with the real nbgrader: release, submit, autograde, feedback, export.
 
-A temporary copy of the course (COURSE_ROOT) receives six learners' versions of lesson 04,
-and two of them also hand in lesson 02 (the instructor's ring sum, and a ring sum worked
-out alone behind dummy messages); all of it is graded with `python -m autograder grade`,
-the command the README gives instructors.
+A temporary copy of the course (COURSE_ROOT) receives six learners' versions of lesson 04
+(its four exercises, from the chunk schedule to the ring all-reduce), one learner's
+version of lesson 03, and two of lesson 02 (the instructor's ring sum, and a ring sum
+worked out alone behind dummy messages), and is graded with `python -m autograder grade`, the command the
+README gives instructors. (That the solution notebooks' hidden tests pass is also checked,
+faster, by tests/test_notebooks.py; here one lesson-03 learner is enough.)
 """
 
 from __future__ import annotations
@@ -17,8 +19,51 @@ import pytest
 from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
 
 LESSON = "04-ring-all-reduce"
-LESSON_02 = "02-point-to-point"
+LESSON03 = "03-collectives"
+LESSON02 = "02-point-to-point"
 ROOT = Path(__file__).resolve().parent.parent
+LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin", "frank"}
+LESSON03_LEARNERS = {"carol"}
+LESSON02_LEARNERS = {"alice", "carol"}  # each extra notebook costs a whole autograde run
+
+# -- bob: nearly there --------------------------------------------------------------------
+
+# The all-gather phase starts one chunk too far round: rank r sends chunk r+1, which it
+# does not hold yet. The reduce-scatter phase is right.
+SCHEDULE_ALL_GATHER_OFF_BY_ONE = '''def ring_chunks(phase, step, rank, world_size):
+    if phase == "reduce-scatter":
+        send = (rank - step - 1) % world_size
+    else:
+        send = (rank - step + 1) % world_size
+    return send, (send - 1) % world_size
+'''
+
+# Correct and bandwidth-optimal, but not a ring: every rank sends chunk j straight to rank j.
+DIRECT_REDUCE_SCATTER = '''def ring_reduce_scatter(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), p)
+    start, stop = bounds[rank]
+    incoming = [torch.empty(stop - start, dtype=flat.dtype) for _ in range(p)]
+    requests = [dist.isend(flat[bounds[j][0]:bounds[j][1]], j) for j in range(p) if j != rank]
+    requests += [dist.irecv(incoming[j], j) for j in range(p) if j != rank]
+    for request in requests:
+        request.wait()
+    for j in range(p):
+        if j != rank:
+            flat[start:stop] += incoming[j]
+    return tensor
+'''
+
+# Exercise 2.1 for lesson 02: every message goes round the ring, but each rank works the
+# total out from its own value alone; it cannot know the others' values.
+LOCAL_RING_SUM = '''def ring_sum(rank, world_size, value):
+    if world_size > 1:
+        request = dist.isend(torch.zeros(1), (rank + 1) % world_size)
+        dist.recv(torch.zeros(1), (rank - 1) % world_size)
+        request.wait()
+    return value * world_size
+'''
 
 WHOLE_TENSOR_RING = '''def ring_allreduce(tensor):
     # The tutorial's ring: pass the whole running sum round p-1 times.
@@ -33,9 +78,38 @@ WHOLE_TENSOR_RING = '''def ring_allreduce(tensor):
     tensor.copy_(total)
 '''
 
+# -- carol: calls the built-in collectives ----------------------------------------------------
+
 CALLS_ALL_REDUCE = '''def ring_allreduce(tensor):
     dist.all_reduce(tensor)
 '''
+
+CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER = '''def ring_reduce_scatter(tensor):
+    dist.all_reduce(tensor)   # every chunk summed, my own included
+    return tensor
+'''
+
+CALLS_BROADCAST_FOR_ALL_GATHER = '''def ring_all_gather(tensor):
+    flat = tensor.view(-1)
+    for owner, (start, stop) in enumerate(chunk_bounds(flat.numel(), dist.get_world_size())):
+        dist.broadcast(flat[start:stop], src=owner)
+    return tensor
+'''
+
+CALLS_BROADCAST = '''def my_broadcast(tensor, src):
+    dist.broadcast(tensor, src)
+'''
+
+CALLS_ALL_GATHER = '''def my_all_gather(tensor_list, tensor):
+    dist.all_gather(tensor_list, tensor)
+'''
+
+FLAT_ALL_REDUCE = '''def hierarchical_all_reduce(tensor, ranks_per_node):
+    dist.all_reduce(tensor)   # the right sum, but no reduce, no subgroups, no broadcast
+    return tensor
+'''
+
+# -- dave: deadlocks -------------------------------------------------------------------------
 
 RECEIVE_FIRST = '''def ring_allreduce(tensor):
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -46,64 +120,66 @@ RECEIVE_FIRST = '''def ring_allreduce(tensor):
         tensor += incoming
 '''
 
-# Exercise 2.1 for lesson 02: every message goes round the ring, but each rank works the
-# total out from its own value alone; it cannot know the others' values.
-LOCAL_RING_SUM = '''def ring_sum(rank, world_size, value):
-    if world_size > 1:
-        request = dist.isend(torch.zeros(1), (rank + 1) % world_size)
-        dist.recv(torch.zeros(1), (rank - 1) % world_size)
-        request.wait()
-    return value * world_size
-'''
 
+def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Each exercise's answer-cell grade_id, and each graded test cell's id -> (exercise, part)."""
+    from autograder import exercises
+    from autograder.cells import graded_cells, lesson_number
 
-def _ids(path: Path, number: str = "4.1") -> tuple[str, dict[str, str]]:
-    """The exercise cell's grade_id, and each graded test cell's id -> the part it grades."""
-    from autograder import exercise
-    from autograder.cells import graded_cells
-
-    ex = exercise(number)
-    exercise_id = None
+    path = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    declared = exercises(lesson_number(path))
+    answers = {}
     for cell in json.loads(path.read_text())["cells"]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("solution") and f"def {ex.function}" in "".join(cell["source"]):
-            exercise_id = meta["grade_id"]
-    parts = {cell.grade_id: cell.part for cell in graded_cells(path) if cell.number == ex.number}
-    return exercise_id, parts
+        for ex in declared:
+            if meta.get("solution") and f"def {ex.function}(" in "".join(cell["source"]):
+                answers[ex.number] = meta["grade_id"]
+    parts = {cell.grade_id: (cell.number, cell.part) for cell in graded_cells(path)}
+    return answers, parts
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
-    root = course_copy(tmp / "course", lessons=[LESSON, LESSON_02])
-    release = root / "course" / LESSON / f"{LESSON}.ipynb"
-    solution_nb = ROOT / "solutions" / LESSON / f"{LESSON}.ipynb"
-    exercise, parts = _ids(solution_nb)
-    assert exercise and len(parts) == 4, (exercise, parts)
-    test_ids = list(parts)
+    root = course_copy(tmp / "course", lessons=[LESSON02, LESSON03, LESSON])
     subs = tmp / "submissions"
-    target = lambda who: subs / who / LESSON / f"{LESSON}.ipynb"  # noqa: E731
-    solution = solution_source(LESSON, exercise)
-    submission(release, target("alice"), {exercise: solution})
-    submission(release, target("bob"), {exercise: WHOLE_TENSOR_RING})
-    submission(release, target("carol"), {exercise: CALLS_ALL_REDUCE})
-    submission(release, target("dave"), {exercise: RECEIVE_FIRST})
+    layouts = {lesson: _layout(lesson) for lesson in (LESSON02, LESSON03, LESSON)}
+
+    ans, parts = layouts[LESSON]
+    assert set(ans) == {"4.1", "4.2", "4.3", "4.4"} and len(parts) == 10, (ans, parts)
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    target = lambda who, lesson=LESSON: subs / who / lesson / f"{lesson}.ipynb"  # noqa: E731
+    solution = {gid: solution_source(LESSON, gid) for gid in ans.values()}
+    submission(release, target("alice"), solution)
+    submission(release, target("bob"), {**solution, ans["4.1"]: SCHEDULE_ALL_GATHER_OFF_BY_ONE,
+                                        ans["4.2"]: DIRECT_REDUCE_SCATTER, ans["4.4"]: WHOLE_TENSOR_RING})
+    submission(release, target("carol"), {**solution, ans["4.2"]: CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER,
+                                          ans["4.3"]: CALLS_BROADCAST_FOR_ALL_GATHER, ans["4.4"]: CALLS_ALL_REDUCE})
+    submission(release, target("dave"), {**solution, ans["4.4"]: RECEIVE_FIRST})
     submission(release, target("erin"))  # the stubs, untouched
-    # frank: a correct answer, but deletes one test cell and rewrites another to pass trivially.
-    submission(release, target("frank"), {exercise: solution}, drop=(test_ids[0],), edit={test_ids[1]: "pass"})
-    # Lesson 02 from two of them only: each extra notebook costs a whole autograde run.
-    release_02 = root / "course" / LESSON_02 / f"{LESSON_02}.ipynb"
-    exercise_02, parts_02 = _ids(ROOT / "solutions" / LESSON_02 / f"{LESSON_02}.ipynb", "2.1")
-    assert exercise_02 and len(parts_02) == 3, (exercise_02, parts_02)
-    target_02 = lambda who: subs / who / LESSON_02 / f"{LESSON_02}.ipynb"  # noqa: E731
-    submission(release_02, target_02("alice"), {exercise_02: solution_source(LESSON_02, exercise_02)})
-    submission(release_02, target_02("carol"), {exercise_02: LOCAL_RING_SUM})
+    # frank: correct answers, but deletes one test cell and rewrites another to pass trivially.
+    first_41 = next(gid for gid, (number, _) in parts.items() if number == "4.1")
+    first_44 = next(gid for gid, (number, _) in parts.items() if number == "4.4")
+    submission(release, target("frank"), solution, drop=(first_41,), edit={first_44: "pass"})
+
+    ans3, parts3 = layouts[LESSON03]
+    assert set(ans3) == {"3.1", "3.2", "3.3"} and len(parts3) == 8, (ans3, parts3)
+    release3 = root / "course" / LESSON03 / f"{LESSON03}.ipynb"
+    submission(release3, target("carol", LESSON03), {ans3["3.1"]: CALLS_BROADCAST, ans3["3.2"]: CALLS_ALL_GATHER,
+                                                     ans3["3.3"]: FLAT_ALL_REDUCE})
+
+    ans2, parts2 = layouts[LESSON02]
+    assert set(ans2) == {"2.1"} and len(parts2) == 3, (ans2, parts2)
+    release2 = root / "course" / LESSON02 / f"{LESSON02}.ipynb"
+    submission(release2, target("alice", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"])})
+    submission(release2, target("carol", LESSON02), {ans2["2.1"]: LOCAL_RING_SUM})
+
     done = run_instructor_command(root, "grade", str(subs))
     assert done.returncode == 0, done.stdout + done.stderr
-    return root, exercise, parts, done.stdout, parts_02
+    return root, {lesson: layout[1] for lesson, layout in layouts.items()}, done.stdout
 
 
-def _cell_scores(root: Path, student: str | None, lesson: str = LESSON) -> dict[str, float]:
+def _cell_scores(root: Path, lesson: str, student: str | None) -> dict[str, float]:
     """Grade cell name -> the student's score, or (student None) -> the cell's points."""
     from nbgrader.api import Gradebook
 
@@ -113,17 +189,16 @@ def _cell_scores(root: Path, student: str | None, lesson: str = LESSON) -> dict[
         return {g.name: g.score for g in gb.find_submission_notebook(lesson, lesson, student).grades}
 
 
-def _part_scores(root: Path, student: str, parts: dict[str, str], lesson: str = LESSON) -> dict[str, float]:
-    return {parts[name]: score for name, score in _cell_scores(root, student, lesson).items() if name in parts}
+def _scores(graded, student: str | None, lesson: str = LESSON) -> dict[tuple[str, str], float]:
+    """(exercise, part) -> the student's score on it, or (student None) -> its points."""
+    root, parts, _ = graded
+    found = _cell_scores(root, lesson, student)
+    assert set(found) == set(parts[lesson]), "every graded cell is one declared part"
+    return {parts[lesson][name]: score for name, score in found.items()}
 
 
-def _points(root: Path, parts: dict[str, str], lesson: str = LESSON) -> dict[str, float]:
-    return {parts[name]: score for name, score in _cell_scores(root, None, lesson).items() if name in parts}
-
-
-def _other_points(root: Path, parts: dict[str, str]) -> float:
-    """Points of graded cells outside the four ring parts that the solution also earns."""
-    return sum(score for name, score in _cell_scores(root, "alice").items() if name not in parts)
+def _total(graded, lesson: str = LESSON) -> float:
+    return sum(_scores(graded, None, lesson).values())
 
 
 def _feedback(root: Path, student: str, lesson: str = LESSON) -> str:
@@ -131,33 +206,49 @@ def _feedback(root: Path, student: str, lesson: str = LESSON) -> str:
 
 
 def test_instructor_solution_scores_full_marks(graded):
-    """Does the instructor's own ring all-reduce, submitted as a learner's, earn every point?"""
-    root, _, parts, _, _ = graded
-    points = _points(root, parts)
-    assert _part_scores(root, "alice", parts) == points
+    """Does the instructor's own answer to every exercise of lesson 04, submitted as a learner's, earn every point?"""
+    assert _scores(graded, "alice") == _scores(graded, None)
 
 
-def test_whole_tensor_ring_loses_only_bandwidth(graded):
-    """Does the tutorial's whole-tensor ring pass correctness, point-to-point and no-hang, and fail bandwidth with a reason?"""
-    root, _, parts, _, _ = graded
-    points = _points(root, parts)
-    scores = _part_scores(root, "bob", parts)
-    assert scores == {**points, "bandwidth": 0}
+def test_near_misses_lose_only_the_parts_they_miss(graded):
+    """Does bob (an all-gather schedule one chunk off, a correct reduce-scatter that is not a ring, the whole-tensor ring) lose exactly those parts, with feedback saying why?"""
+    root, _, _ = graded
+    lost = {("4.1", "all_gather"), ("4.2", "ring"), ("4.3", "correct"), ("4.3", "ring"), ("4.4", "bandwidth")}
+    points = _scores(graded, None)
+    assert _scores(graded, "bob") == {key: 0 if key in lost else value for key, value in points.items()}
     feedback = _feedback(root, "bob")
-    assert "bandwidth" in feedback and "2(p-1)" in feedback and "rank" in feedback
+    assert "does not hold yet" in feedback  # 4.1: the schedule sends a chunk the rank lacks
+    assert "right neighbour" in feedback  # 4.2: not a ring
+    assert "2(p-1)" in feedback and "whole tensor" in feedback  # 4.4: the bandwidth bound
 
 
-def test_ring_that_calls_all_reduce_earns_nothing(graded):
-    """Is a 'ring' that calls dist.all_reduce caught in every part (the built-in collectives are off in all of them), with feedback naming the switched-off call?"""
-    root, _, parts, _, _ = graded
-    assert set(_part_scores(root, "carol", parts).values()) == {0}
+def test_built_in_collectives_earn_nothing(graded):
+    """Does carol, who calls the built-in collectives in every build-it-yourself exercise, earn none of their points, with feedback naming the switched-off call?"""
+    root, _, _ = graded
+    scores = _scores(graded, "carol")
+    assert {key: value for key, value in scores.items() if key[0] != "4.1"} == dict.fromkeys(
+        [key for key in scores if key[0] != "4.1"], 0)
+    assert scores[("4.1", "reduce_scatter")] > 0  # her schedule is the solution's
     assert "switched off here" in _feedback(root, "carol")
+    scores3 = _scores(graded, "carol", LESSON03)
+    assert all(scores3[key] == 0 for key in scores3 if key[0] in ("3.1", "3.2")), scores3
+    assert "switched off here" in _feedback(root, "carol", LESSON03)
+
+
+def test_a_flat_all_reduce_is_not_hierarchical(graded):
+    """Does a plain dist.all_reduce for Exercise 3.3 (collectives allowed there) earn the sums but not the hierarchy, the trace saying why?"""
+    root, _, _ = graded
+    points = _scores(graded, None, LESSON03)
+    scores = _scores(graded, "carol", LESSON03)
+    assert scores[("3.3", "correct")] == points[("3.3", "correct")] and scores[("3.3", "hierarchy")] == 0
+    assert "the whole world (the default group)" in _feedback(root, "carol", LESSON03)
 
 
 def test_receive_first_deadlock_scores_zero_without_hanging(graded):
-    """Does a receive-first deadlock score 0 on every part, with feedback naming the wait?"""
-    root, _, parts, out, _ = graded
-    assert set(_part_scores(root, "dave", parts).values()) == {0}
+    """Does a receive-first deadlock in the ring score 0 on every part of 4.4 only, with feedback naming the wait?"""
+    root, _, out = graded
+    points = _scores(graded, None)
+    assert _scores(graded, "dave") == {key: 0 if key[0] == "4.4" else value for key, value in points.items()}
     feedback = _feedback(root, "dave")
     assert "did not finish" in feedback and "recv" in feedback
     assert "autograded dave/" in out
@@ -165,61 +256,56 @@ def test_receive_first_deadlock_scores_zero_without_hanging(graded):
 
 def test_untouched_stubs_score_zero(graded):
     """Does the learner notebook as released score 0 on every graded part?"""
-    root, _, parts, _, _ = graded
-    assert set(_part_scores(root, "erin", parts).values()) == {0}
+    root, _, _ = graded
+    assert set(_scores(graded, "erin").values()) == {0}
     assert "NotImplementedError" in _feedback(root, "erin")
 
 
 def test_deleted_and_edited_test_cells_are_restored(graded):
     """Are a deleted test cell put back and an edited one restored, so a tampering learner is graded normally?"""
-    root, _, parts, _, _ = graded
-    points = _points(root, parts)
-    assert _part_scores(root, "frank", parts) == points
+    assert _scores(graded, "frank") == _scores(graded, None)
 
 
 def test_grades_csv_lists_every_learner(graded):
-    """Does the exported CSV hold one row per learner with the right total?"""
-    root, _, parts, _, _ = graded
-    every = list(csv.DictReader((root / "autograder" / "grades.csv").open()))
-    rows = {r["student_id"]: r for r in every if r["assignment"] == LESSON}
-    assert set(rows) >= {"alice", "bob", "carol", "dave", "erin", "frank"}
-    assert {r["student_id"] for r in every if r["assignment"] == LESSON_02 and r["timestamp"]} == {"alice", "carol"}
-    total = sum(_points(root, parts).values())
-    assert float(rows["alice"]["score"]) == pytest.approx(total + _other_points(root, parts))
-    assert float(rows["erin"]["score"]) == 0
+    """Does the exported CSV hold one row per learner and lesson with the right total?"""
+    root, _, _ = graded
+    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader((root / "autograder" / "grades.csv").open())}
+    assert ({(LESSON, who) for who in LESSON04_LEARNERS} | {(LESSON03, who) for who in LESSON03_LEARNERS}
+            | {(LESSON02, who) for who in LESSON02_LEARNERS}) <= set(rows)
+    assert float(rows[LESSON, "alice"]["score"]) == pytest.approx(_total(graded))
+    assert float(rows[LESSON03, "carol"]["score"]) == pytest.approx(sum(_scores(graded, "carol", LESSON03).values()))
+    assert float(rows[LESSON, "erin"]["score"]) == 0
 
 
 def test_grading_run_record_matches_the_gradebook(graded):
-    """Does autograder/grading-run.json record every learner's seconds, status and score, as the gradebook has them?"""
-    root, _, parts, _, _ = graded
+    """Does autograder/grading-run.json record every learner's seconds, status and score per lesson, as the gradebook has them?"""
+    root, _, _ = graded
     record = json.loads((root / "autograder" / "grading-run.json").read_text())
-    runs = {run["student"]: run for run in record["submissions"] if run["lesson"] == LESSON}
-    assert set(runs) == {"alice", "bob", "carol", "dave", "erin", "frank"}
-    assert sorted(run["student"] for run in record["submissions"] if run["lesson"] == LESSON_02) == ["alice", "carol"]
-    points = _points(root, parts)
-    total = sum(points.values()) + _other_points(root, parts)
-    for run in runs.values():
-        assert run["lesson"] == LESSON and run["status"] == "ok" and run["seconds"] > 0, run
-        assert run["max_score"] == pytest.approx(total), run
-    assert runs["alice"]["score"] == pytest.approx(total)
-    assert runs["bob"]["score"] == pytest.approx(total - points["bandwidth"])
-    assert runs["erin"]["score"] == 0
-    assert record["seconds"] >= sum(run["seconds"] for run in record["submissions"])
+    runs = {(run["student"], run["lesson"]): run for run in record["submissions"]}
+    assert set(runs) == ({(who, LESSON) for who in LESSON04_LEARNERS} | {(who, LESSON03) for who in LESSON03_LEARNERS}
+                         | {(who, LESSON02) for who in LESSON02_LEARNERS})
+    for (_, lesson), run in runs.items():
+        assert run["status"] == "ok" and run["seconds"] > 0, run
+        assert run["max_score"] == pytest.approx(_total(graded, lesson)), run
+    assert runs["alice", LESSON]["score"] == pytest.approx(_total(graded))
+    assert runs["bob", LESSON]["score"] == pytest.approx(sum(_scores(graded, "bob").values()))
+    assert runs["carol", LESSON03]["score"] == pytest.approx(sum(_scores(graded, "carol", LESSON03).values()))
+    assert runs["erin", LESSON]["score"] == 0
+    assert record["seconds"] >= sum(run["seconds"] for run in runs.values())
 
 
 def test_instructor_ring_sum_scores_full_marks(graded):
     """Does the instructor's ring_sum (lesson 02), handed in as a learner's, earn every point of Exercise 2.1?"""
-    root, _, _, _, parts_02 = graded
-    points = _points(root, parts_02, LESSON_02)
+    points = _scores(graded, None, LESSON02)
     assert sum(points.values()) == 4, points
-    assert _part_scores(root, "alice", parts_02, LESSON_02) == points
+    assert _scores(graded, "alice", LESSON02) == points
 
 
 def test_ring_sum_worked_out_alone_earns_nothing(graded):
     """Does a ring_sum that sends dummy messages round the ring but works the total out alone score 0 on every part, with feedback saying why?"""
-    root, _, _, _, parts_02 = graded
-    scores = _part_scores(root, "carol", parts_02, LESSON_02)
-    assert set(scores) == {"correct", "point_to_point", "no_hang"} and set(scores.values()) == {0}, scores
-    feedback = _feedback(root, "carol", LESSON_02)
+    root, _, _ = graded
+    scores = _scores(graded, "carol", LESSON02)
+    assert {part for _, part in scores} == {"correct", "point_to_point", "no_hang"} and set(scores.values()) == {0}, scores
+    feedback = _feedback(root, "carol", LESSON02)
     assert "every rank should return their sum" in feedback
     assert "Each rank knows only its own value" in feedback

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from helpers import Cluster, LaunchTimeoutError, launch, perf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "autograder"))
-from reference import ring_allreduce  # noqa: E402
+from reference import ring_all_gather, ring_allreduce, ring_reduce_scatter  # noqa: E402
 
 
 def token_ring(rank, world_size):
@@ -319,6 +319,31 @@ def test_pictures_from_a_real_trace():
     widget = trace.plot_ring_steps(interactive=True)
     slider = widget.children[0]
     assert slider.max == 3
+
+
+def _one_phase(rank, world_size, phase):
+    import torch
+
+    t = torch.arange(12.0)
+    (ring_reduce_scatter if phase == "reduce-scatter" else ring_all_gather)(t)
+
+
+def test_ring_steps_of_one_phase_alone():
+    """Does ring_steps read a lone reduce-scatter (rank r ends owning chunk r) and a lone all-gather (from the diagonal to a full grid)?"""
+    rs = launch(_one_phase, 3, ("reduce-scatter",), trace=True, output="quiet").trace
+    steps = rs.ring_steps(phases=("reduce-scatter",))
+    assert [s["phase"] for s in steps] == ["reduce-scatter"] * 2 and not steps[0]["assumed_chunks"]
+    assert [steps[-1]["holdings"][r][r] for r in range(3)] == [3, 3, 3]
+    assert steps[0]["sends"] == [(0, 1, 2), (1, 2, 0), (2, 0, 1)]  # rank r starts with chunk r-1
+    ag = launch(_one_phase, 3, ("all-gather",), trace=True, output="quiet").trace
+    steps = ag.ring_steps(phases=("all-gather",))
+    assert [s["phase"] for s in steps] == ["all-gather"] * 2
+    assert steps[0]["holdings"] == [[3, 0, 3], [3, 3, 0], [0, 3, 3]]  # own chunk plus the left neighbour's
+    assert steps[-1]["holdings"] == [[3, 3, 3]] * 3
+    figure = ag.plot_ring_steps(interactive=False, phases=("all-gather",))
+    assert "all-gather" in figure._suptitle.get_text()
+    with pytest.raises(ValueError, match="phases is a sequence of"):
+        ag.ring_steps(phases=("allgather",))
 
 
 def test_pingpong_fit_and_alpha_beta_picture():
