@@ -113,3 +113,32 @@ def test_a_global_that_cannot_go_into_a_script_is_named(tmp_path):
     with pytest.raises(ExportError, match=r"uses the global 'LOCK', a lock.*inside the function"):
         export_script(_exportable.uses_a_lock, tmp_path / "x.py")
     assert not os.path.exists(tmp_path / "x.py")
+
+
+def test_a_dying_kernel_takes_its_commands_with_it(tmp_path):
+    """When the process that started a command is killed (a kernel dying), does everything the command started end too?"""
+    parent_code = (
+        "import sys, time\n"
+        "from helpers import start\n"
+        f"job = start([sys.executable, '-c', {ESCAPER!r}, '120'], output='quiet')\n"
+        "while not any(l.startswith('grandchild ') for l in list(job.lines)):\n"
+        "    time.sleep(0.05)\n"
+        "print([l for l in job.lines if l.startswith('grandchild ')][0], flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    import signal
+    import subprocess
+
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(parent.stdout.readline().split()[1])
+        assert _alive(grandchild)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(grandchild)
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -1,0 +1,361 @@
+"""Lesson 07's graded exercise: 7.1, a launcher-ready training script's ``main()``.
+
+The learner writes ``main()`` for a script that ``torchrun`` starts on every process:
+set up the process group from the environment, shard the course's dataset with
+``DistributedSampler`` (seed 0, ``set_epoch`` every epoch), train the course's model in
+``DistributedDataParallel`` with SGD, and then, on global rank 0 only, print ``final loss
+{value:.6f}`` (the trained model's loss on the whole dataset) and save
+``{"model": model.module.state_dict()}`` to ``CHECKPOINT``; every process waits for the
+save at a barrier and destroys its process group before it returns.
+
+How the checks judge: the learner's ``main`` is written into a script with
+:func:`helpers.export_script` (the course's ``make_model``, ``make_dataset`` and
+constants replace the notebook's, so the data cannot differ), and a small wrapper
+records, in each process, every ``torch.save`` and whether the process group was still
+alive at exit, then runs the script. ``torchrun`` runs it for real: two agents of two
+processes each (two simulated hosts), and one agent of three. A single process replays
+the same global batches for the reference weights and loss. A run that does not end in
+time is stopped with everything it started, and each process's stack (dumped by
+``faulthandler`` just before) says where it was.
+
+Hidden test cells and the visible self-check::
+
+    from autograder import exercise
+    exercise("7.1").grade(main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
+    exercise("7.1").self_check(main)      # one agent of two processes
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .kit import Attempt, Exercise, Part, plural
+
+__all__ = ["EXERCISES", "exercise_7_1", "make_model", "make_dataset", "COURSE"]
+
+SAMPLES, FEATURES, CLASSES = 48, 6, 3
+EPOCHS, BATCH_SIZE, LR = 2, 4, 0.3
+CHECKPOINT = "checkpoint.pt"
+RUN_TIMEOUT = 90.0  # one torchrun job: 4-6 processes importing torch on 2 cores take 10-20 s
+
+
+# -- the course's model and data (the notebook shows the same code) --------------------------
+
+
+def make_model():
+    """The model every process builds: the same weights everywhere (seed 0)."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def make_dataset():
+    """48 samples of 6 features in 3 classes, the same in every process."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 6, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return TensorDataset(x, y)
+
+
+COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset, "EPOCHS": EPOCHS,
+                          "BATCH_SIZE": BATCH_SIZE, "LR": LR, "CHECKPOINT": CHECKPOINT}
+
+# Runs in every process torchrun starts, before the learner's script: records each
+# torch.save and, at exit, whether the process group was destroyed; dumps the stack
+# if the process is still running shortly before the grader's timeout.
+WRAPPER = '''\
+import atexit, faulthandler, json, os, runpy, sys
+LOG = os.environ["COURSE_GRADING_LOG"]
+RANK = os.environ.get("RANK", "?")
+_stacks = open(os.path.join(LOG, f"stack-{RANK}.txt"), "w")
+faulthandler.dump_traceback_later(float(os.environ["COURSE_STACKS_AFTER"]), file=_stacks)
+import torch, torch.distributed as dist
+_save = torch.save
+def _recorded_save(obj, f, *args, **kwargs):
+    with open(os.path.join(LOG, "saves.jsonl"), "a") as out:
+        out.write(json.dumps({"rank": RANK, "path": os.path.abspath(str(f)) if isinstance(f, (str, os.PathLike)) else repr(f)}) + "\\n")
+    return _save(obj, f, *args, **kwargs)
+torch.save = _recorded_save
+def _at_exit():
+    faulthandler.cancel_dump_traceback_later()
+    alive = dist.is_available() and dist.is_initialized()
+    with open(os.path.join(LOG, f"exit-{RANK}.json"), "w") as out:
+        json.dump({"rank": RANK, "group_alive": alive}, out)
+atexit.register(_at_exit)
+sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@dataclass
+class Run:
+    """What one torchrun job of the learner's script did."""
+
+    nnodes: int
+    nproc: int
+    folder: Path
+    codes: list[int | None]
+    output: list[str]
+    timed_out: bool = False
+    saves: list[dict] = field(default_factory=list)
+    exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
+    stacks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    @property
+    def where(self) -> str:
+        hosts = f"{self.nnodes} torchrun agents (simulated hosts) of {plural(self.nproc, 'process', 'processes')} each"
+        return hosts if self.nnodes > 1 else f"one torchrun agent of {self.nproc} processes"
+
+    def final_losses(self) -> list[float]:
+        return [float(m[1]) for line in self.output if (m := re.search(r"final loss (-?[\d.]+(?:e-?\d+)?)", line))]
+
+    def tail(self, n: int = 12) -> str:
+        lines = [line for line in self.output if "OMP_NUM_THREADS" not in line and not line.strip("*").strip() == ""]
+        return "\n".join("  " + line[:200] for line in lines[-n:]) or "  (no output)"
+
+
+_runs: dict[tuple, Run] = {}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEOUT) -> Run:
+    """Run ``fn`` as ``main()`` of a script under ``nnodes`` torchrun agents of ``nproc`` processes."""
+    from helpers import export_script, start
+
+    folder = Path(tempfile.mkdtemp(prefix="course-ex7_1-"))
+    export_script(fn, folder / "train.py", setup=False, replace=COURSE)
+    (folder / "graded_run.py").write_text(WRAPPER)
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    port = _free_port()
+    env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(timeout - 10), "PYTHONPATH": "",
+           "OMP_NUM_THREADS": "1"}
+    jobs = []
+    for node in range(nnodes):
+        rendezvous = (["--standalone"] if nnodes == 1 else
+                      [f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"])
+        jobs.append(start([torchrun, *rendezvous, f"--nproc-per-node={nproc}", "--max-restarts=0", "graded_run.py"],
+                          cwd=folder, env=env, output="quiet", label=f"agent {node}"))
+    timed_out = False
+    import time
+
+    deadline = time.monotonic() + timeout
+    for job in jobs:
+        try:
+            job.wait(max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - CommandTimeoutError: stopped with all it started
+            timed_out = True
+    for job in jobs:
+        job.stop()
+    run = Run(nnodes, nproc, folder, [job.returncode for job in jobs],
+              [f"[{job.label}] {line}" for job in jobs for line in job.lines], timed_out)
+    saves = folder / "saves.jsonl"
+    if saves.is_file():
+        run.saves = [json.loads(line) for line in saves.read_text().splitlines() if line.strip()]
+    for f in folder.glob("exit-*.json"):
+        record = json.loads(f.read_text())
+        run.exits[record["rank"]] = record["group_alive"]
+    for f in folder.glob("stack-*.txt"):
+        text = f.read_text().strip()
+        if text:
+            run.stacks[f.stem.split("-", 1)[1]] = text
+    return run
+
+
+def _cached_run(attempt: Attempt, nnodes: int, nproc: int) -> Run:
+    import inspect
+
+    try:
+        key = (inspect.getsource(attempt.fn), nnodes, nproc)
+    except (OSError, TypeError):
+        key = (id(attempt.fn), nnodes, nproc)
+    if key not in _runs:
+        _runs[key] = run_script(attempt.fn, nnodes, nproc)
+    return _runs[key]
+
+
+def _stack_summary(run: Run) -> str:
+    """Where each process was when it hung: its innermost frame in train.py."""
+    lines = []
+    for rank, text in sorted(run.stacks.items()):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
+        mine = [f for f in frames if f[0].endswith("train.py")]
+        if mine:
+            path, line, func = mine[0]  # faulthandler prints the innermost frame first
+            source = (run.folder / "train.py").read_text().splitlines()[int(line) - 1].strip()
+            lines.append(f"  rank {rank} was at train.py line {line}, in {func}: {source}")
+    return "\n".join(lines)
+
+
+def _require_success(attempt: Attempt, run: Run) -> None:
+    if run.timed_out:
+        where = _stack_summary(run)
+        attempt.fail(
+            f"under {run.where}, the job did not finish within {RUN_TIMEOUT:g} s and was stopped."
+            + (f" Where the processes were:\n{where}" if where else "")
+            + f"\nThe job's last lines:\n{run.tail()}\nA process that waits for a collective the others "
+              "never make hangs; so does a process group whose ranks disagree (a hard-coded rank).")
+    failed = [(i, code) for i, code in enumerate(run.codes) if code != 0]
+    if failed:
+        hint = ""
+        text = "\n".join(run.output)
+        if "--local-rank" in text or "--local_rank" in text:
+            hint = ("\ntorchrun does not pass --local-rank on the command line (only the old torch.distributed.launch "
+                    "did): read LOCAL_RANK from the environment, os.environ['LOCAL_RANK'].")
+        elif "KeyError" in text and "environ" in text:
+            hint = "\nA variable your main() read from os.environ is not one torchrun sets."
+        agent, code = failed[0]
+        errors = [line for line in run.output if re.search(r"Error\b|error:", line)
+                  and "error_file" not in line and "debug_logger" not in line]
+        shown = "\n".join("  " + line[:200] for line in dict.fromkeys(errors[:6])) if errors else run.tail()
+        attempt.fail(f"under {run.where}, torchrun agent {agent} exited with code {code}: a process of the job "
+                     f"failed. {'Its errors' if errors else 'The job' + chr(39) + 's last lines'}:\n{shown}{hint}")
+
+
+def _reference(world_size: int) -> tuple[list, float]:
+    """One process taking the same global batches: the weights and the final loss the job should reach."""
+    import torch
+    import torch.nn.functional as F
+
+    data = make_dataset()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    x, y = data.tensors
+    per_rank = SAMPLES // world_size
+    for epoch in range(EPOCHS):
+        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(epoch)).tolist()  # DistributedSampler's
+        shards = [order[r::world_size] for r in range(world_size)]
+        for start in range(0, per_rank, BATCH_SIZE):
+            batch = [i for shard in shards for i in shard[start:start + BATCH_SIZE]]
+            opt.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            opt.step()
+    with torch.no_grad():
+        loss = F.cross_entropy(model(x), y).item()
+    return [p.detach() for p in model.state_dict().values()], loss
+
+
+def _judge_result(attempt: Attempt, run: Run) -> None:
+    import torch
+
+    weights, loss = _reference(run.world_size)
+    path = run.folder / CHECKPOINT
+    if not path.is_file():
+        attempt.fail(f"under {run.where}, no file {CHECKPOINT} was written in the job's folder: save "
+                     f"{{'model': model.module.state_dict()}} to CHECKPOINT on rank 0.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        got = list(state["model"].values())
+    except Exception as exc:  # noqa: BLE001 - whatever the learner saved
+        attempt.fail(f"under {run.where}, {CHECKPOINT} could not be read as {{'model': state_dict}} "
+                     f"({type(exc).__name__}: {exc}).")
+    if len(got) != len(weights) or any(g.shape != w.shape for g, w in zip(got, weights)):
+        attempt.fail(f"under {run.where}, the checkpoint's model has tensors of shapes {[tuple(g.shape) for g in got]}; "
+                     f"the course's model has {[tuple(w.shape) for w in weights]}. Save model.module.state_dict().")
+    worst = max((g - w).abs().max().item() for g, w in zip(got, weights))
+    if worst > 1e-4:
+        attempt.fail(
+            f"under {run.where} ({run.world_size} processes), the saved weights differ from one process taking "
+            f"the same global batches by up to {worst:.3g}. Each process must train on its own shard: "
+            "DistributedSampler(dataset, num_replicas=world_size, rank=rank) with the global RANK (not LOCAL_RANK), "
+            f"shuffle on with seed 0, set_epoch(epoch) every epoch, batches of BATCH_SIZE, {EPOCHS} epochs of SGD with LR."
+        )
+    losses = run.final_losses()
+    if not losses:
+        attempt.fail(f"under {run.where}, no process printed 'final loss <value>'; rank 0 should print the trained "
+                     "model's loss on the whole dataset.")
+    if abs(losses[0] - loss) > 1e-4:
+        attempt.fail(f"under {run.where}, the printed final loss is {losses[0]:.6f}; the trained model's loss on the "
+                     f"whole dataset is {loss:.6f}.")
+
+
+def _runs_part(attempt: Attempt) -> None:
+    _require_success(attempt, _cached_run(attempt, 2, 2))
+
+
+def _same_result(attempt: Attempt) -> None:
+    run = _cached_run(attempt, 2, 2)
+    _require_success(attempt, run)
+    _judge_result(attempt, run)
+
+
+def _rank_zero_only(attempt: Attempt, run: Run | None = None) -> None:
+    run = run or _cached_run(attempt, 2, 2)
+    _require_success(attempt, run)
+    writers = [s["rank"] for s in run.saves]
+    if len(writers) != 1 or writers[0] != "0":
+        attempt.fail(
+            f"under {run.where}, torch.save was called {plural(len(writers), 'time')}"
+            + (f", by ranks {sorted(writers)}" if writers else "")
+            + ". Exactly one process, global rank 0, must write the checkpoint: "
+              "the others would write the same file at the same moment. (LOCAL_RANK is 0 once per host.)")
+    losses = run.final_losses()
+    if len(losses) != 1:
+        attempt.fail(f"under {run.where}, 'final loss' was printed {plural(len(losses), 'time')}; log on rank 0 only.")
+
+
+def _clean_exit(attempt: Attempt, run: Run | None = None) -> None:
+    run = run or _cached_run(attempt, 2, 2)
+    _require_success(attempt, run)
+    alive = sorted(rank for rank, still in run.exits.items() if still)
+    if alive:
+        attempt.fail(f"under {run.where}, ranks {alive} still had their process group when they exited: call "
+                     "dist.destroy_process_group() at the end of main(), after the last collective.")
+    if len(run.exits) != run.world_size:
+        attempt.fail(f"under {run.where}, only {len(run.exits)} of {run.world_size} processes exited normally.")
+
+
+def _any_topology(attempt: Attempt) -> None:
+    run = _cached_run(attempt, 1, 3)
+    _require_success(attempt, run)
+    _judge_result(attempt, run)
+    _rank_zero_only(attempt, run)
+
+
+def _self_check(attempt: Attempt) -> str:
+    run = _cached_run(attempt, 1, 2)
+    _require_success(attempt, run)
+    _judge_result(attempt, run)
+    _rank_zero_only(attempt, run)
+    _clean_exit(attempt, run)
+    return ("Self-check passed: under torchrun with one agent of 2 processes your main() trained to the weights and "
+            "loss of one process on the same batches, rank 0 alone printed and saved, and every process destroyed "
+            "its group. The hidden tests run two agents of two processes (two simulated hosts) and one of three.")
+
+
+exercise_7_1 = Exercise(
+    number="7.1",
+    function="main",
+    title="a launcher-ready training script",
+    parts=(
+        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0.", _runs_part),
+        Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches.",
+             _same_result),
+        Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss.", _rank_zero_only),
+        Part("clean_exit", 1, "every process destroys its process group before exiting.", _clean_exit),
+        Part("any_topology", 2, "one agent of three processes: right result, one writer.", _any_topology),
+    ),
+    visible_check=_self_check,
+)
+
+EXERCISES = (exercise_7_1,)

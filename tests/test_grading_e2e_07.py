@@ -1,0 +1,120 @@
+"""Lesson 07 graded end to end with the real nbgrader: launcher-ready scripts, right and wrong.
+
+A temporary copy of the course receives four learners' versions of lesson 07 and is graded
+with `python -m autograder grade`, the instructor's command. Each learner's `main()` runs
+under real torchrun agents (two simulated hosts of two processes, and one host of three):
+the instructor's answer, and three mistakes from the lesson: a hard-coded rank, every
+process writing the checkpoint without destroying its process group, and a script that
+expects the `--local-rank` argument of the old launcher.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+
+LESSON = "07-launching-at-scale"
+ANSWER = "ex7_1-main"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _variant(*changes: tuple[str, str]) -> str:
+    source = solution_source(LESSON, ANSWER)
+    for old, new in changes:
+        assert old in source, f"the solution no longer contains {old!r}: update this test's mistakes"
+        source = source.replace(old, new)
+    return source
+
+
+RANK_LINE = '    rank = int(os.environ["RANK"])              # the global rank, not LOCAL_RANK: it is 0 once per host\n'
+MISTAKES = {
+    # Every process believes it is rank 0: the same shard everywhere, and everyone saves and logs.
+    "ben": ((RANK_LINE, "    rank = 0\n"),),
+    # Everyone saves, and nobody destroys the process group.
+    "cid": (("    if rank == 0:                               # once per job\n", "    if True:\n"),
+            ("\n    dist.destroy_process_group()", "")),
+    # Written for torch.distributed.launch: requires --local-rank, which torchrun never passes.
+    "dee": ((RANK_LINE, RANK_LINE + "    import argparse\n    parser = argparse.ArgumentParser()\n"
+             '    parser.add_argument("--local-rank", type=int, required=True)\n    parser.parse_args()\n'),),
+}
+LEARNERS = ["amy", *MISTAKES]  # amy hands in the instructor's answer
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    from autograder import exercise
+    from autograder.cells import graded_cells
+
+    tmp = tmp_path_factory.mktemp("grading07")
+    root = course_copy(tmp / "course", lessons=[LESSON])
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    for who in LEARNERS:
+        answer = _variant(*MISTAKES[who]) if who in MISTAKES else solution_source(LESSON, ANSWER)
+        submission(release, tmp / "submissions" / who / LESSON / f"{LESSON}.ipynb", {ANSWER: answer})
+    done = run_instructor_command(root, "grade", str(tmp / "submissions"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
+    points = {p.name: p.points for p in exercise("7.1").parts}
+    assert set(cells.values()) == set(points), cells
+    return root, cells, points
+
+
+def _scores(root: Path, cells: dict[str, str], student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        grades = gb.find_submission_notebook(LESSON, LESSON, student).grades
+        return {cells[g.name]: g.score for g in grades if g.name in cells}
+
+
+def _feedback(root: Path, student: str) -> str:
+    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
+
+
+@pytest.mark.slow
+def test_the_instructors_script_earns_full_marks(graded):
+    """Does the instructor's main(), run by two torchrun agents and by one, earn every point?"""
+    root, cells, points = graded
+    assert _scores(root, cells, "amy") == points
+
+
+@pytest.mark.slow
+def test_a_hard_coded_rank_loses_the_result_and_the_single_writer(graded):
+    """Does rank = 0 everywhere lose the result, the one-writer part and the other topology, with feedback naming RANK?"""
+    root, cells, points = graded
+    assert _scores(root, cells, "ben") == {**points, "same_result": 0, "rank_zero_only": 0, "any_topology": 0}
+    feedback = _feedback(root, "ben")
+    assert "torch.save was called 4 times" in feedback and "global RANK" in feedback
+
+
+@pytest.mark.slow
+def test_every_rank_writing_and_no_destroy_are_both_named(graded):
+    """Do every process saving and no destroy_process_group lose exactly their parts, each named in the feedback?"""
+    root, cells, points = graded
+    assert _scores(root, cells, "cid") == {**points, "rank_zero_only": 0, "clean_exit": 0, "any_topology": 0}
+    feedback = _feedback(root, "cid")
+    assert "Exactly one process, global rank 0, must write the checkpoint" in feedback
+    assert "dist.destroy_process_group()" in feedback
+
+
+@pytest.mark.slow
+def test_expecting_local_rank_argument_fails_with_the_fix(graded):
+    """Does a script that requires --local-rank score 0, the feedback saying torchrun sets LOCAL_RANK instead?"""
+    root, cells, points = graded
+    assert set(_scores(root, cells, "dee").values()) == {0}
+    assert "read LOCAL_RANK from the environment" in _feedback(root, "dee")
+
+
+@pytest.mark.slow
+def test_grading_run_records_every_learner(graded):
+    """Does the run record hold every learner of lesson 07, graded without an error of the course's?"""
+    root, _, points = graded
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    runs = {run["student"]: run for run in record["submissions"]}
+    assert set(runs) == set(LEARNERS)
+    assert all(run["status"] == "ok" and run["lesson"] == LESSON for run in runs.values()), runs
+    assert runs["amy"]["score"] == pytest.approx(sum(points.values()))
