@@ -9,6 +9,7 @@
 #   LAB_ARGS    extra arguments for `jupyter lab`
 #   PYTEST_ARGS extra arguments for pytest
 #   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
+#   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -20,7 +21,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test bench bench-cluster bench-trace bench-grading bench-ddp course grade instructor clean-venv
+.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp course grade instructor clean-venv
 
 venv: $(STAMP)
 
@@ -62,6 +63,18 @@ lab: venv
 
 test: venv
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+# The launch tests and every solution notebook against another torch (and Python), in a
+# venv of its own under .venv-compat/, for the two ends of the supported range, e.g.
+#   make test-compat PYTHON=python3.10 TORCH_SPEC=torch==2.2.2
+# The default `make test` venv is left alone. COMPAT_TESTS picks other tests.
+COMPAT_TESTS ?= tests/test_launch.py tests/test_notebooks.py::test_solution_notebook_runs_top_to_bottom
+COMPAT_VENV  ?= .venv-compat/$(shell printf '%s-%s' '$(notdir $(PYTHON))' '$(lastword $(TORCH_SPEC))' | tr -c 'A-Za-z0-9.=_-' '_')
+
+test-compat:
+	@$(MAKE) --no-print-directory venv VENV=$(COMPAT_VENV)
+	@$(COMPAT_VENV)/bin/python -c 'import sys, torch, numpy; print(f"test-compat in $(COMPAT_VENV): python {sys.version.split()[0]}, torch {torch.__version__}, numpy {numpy.__version__}")'
+	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py

@@ -59,8 +59,10 @@ c.Autograde.sanitize_preprocessors = [
 c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60
 
-# Stubs name their exercise (see autograder/preprocessors.py).
+# Stubs name their exercise, and every learner notebook starts with the Colab badge and
+# set-up cell (see autograder/preprocessors.py and autograder/colab.py).
 c.GenerateAssignment.preprocessors = [
+    "autograder.preprocessors.AddColabCells",
     "nbgrader.preprocessors.IncludeHeaderFooter",
     "nbgrader.preprocessors.InstantiateTests",
     "nbgrader.preprocessors.LockCells",

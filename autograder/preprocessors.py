@@ -16,7 +16,7 @@ import re
 
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-__all__ = ["STUB", "CODE_STUB", "NameExerciseStubs", "RestoreMissingCells"]
+__all__ = ["STUB", "CODE_STUB", "AddColabCells", "NameExerciseStubs", "RestoreMissingCells"]
 
 # The one place the stub text is written: nbgrader's ClearSolutions inserts CODE_STUB,
 # NameExerciseStubs looks for STUB in it.
@@ -40,6 +40,25 @@ class NameExerciseStubs(NbGraderPreprocessor):
                 name = m.group(1).strip().replace('"', "'")
                 cell.source = cell.source.replace(STUB, f'raise NotImplementedError("{name}")')
         return cell, resources
+
+
+class AddColabCells(NbGraderPreprocessor):
+    """Start each learner notebook with the "Open in Colab" badge and the Colab set-up cell.
+
+    The cells come from :func:`autograder.colab.colab_cells` for the lesson being built;
+    cells with their ids already in the notebook are replaced, so building twice, or from
+    a notebook that carries them, gives them once.
+    """
+
+    def preprocess(self, nb, resources):
+        import nbformat
+
+        from .colab import BADGE_ID, SETUP_ID, colab_cells
+
+        lesson = resources["nbgrader"]["assignment"]
+        nb.cells = [c for c in nb.cells if c.get("id") not in (BADGE_ID, SETUP_ID)]
+        nb.cells[:0] = [nbformat.from_dict(cell) for cell in colab_cells(lesson)]
+        return nb, resources
 
 
 class RestoreMissingCells(NbGraderPreprocessor):
