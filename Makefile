@@ -66,10 +66,10 @@ test: venv
 
 # The launch tests and every solution notebook against another torch (and Python), in a
 # venv of its own under .venv-compat/, for the two ends of the supported range, e.g.
-#   make test-compat PYTHON=python3.10 TORCH_SPEC=torch==2.2.2
+#   make test-compat PYTHON=python3.10 TORCH_SPEC=torch==2.4.1
 # The default `make test` venv is left alone. COMPAT_TESTS picks other tests.
 COMPAT_TESTS ?= tests/test_launch.py tests/test_notebooks.py::test_solution_notebook_runs_top_to_bottom
-COMPAT_VENV  ?= .venv-compat/$(shell printf '%s-%s' '$(notdir $(PYTHON))' '$(lastword $(TORCH_SPEC))' | tr -c 'A-Za-z0-9.=_-' '_')
+COMPAT_VENV  ?= .venv-compat/$(shell printf '%s-%s' '$(notdir $(PYTHON))' '$(firstword $(filter torch%,$(TORCH_SPEC)))' | tr -c 'A-Za-z0-9.=_-' '_')
 
 test-compat:
 	@$(MAKE) --no-print-directory venv VENV=$(COMPAT_VENV)

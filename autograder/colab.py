@@ -5,7 +5,7 @@ preprocessor :class:`autograder.preprocessors.AddColabCells` calls :func:`colab_
 the text lives here once and ``solutions/`` stays free of it.
 
 On Colab the set-up cell clones the course from :data:`REPOSITORY`, installs the helpers
-with pip (Colab's own torch is kept: it satisfies the course's ``torch>=2.2``), makes
+with pip (Colab's own torch is kept: it satisfies the course's ``torch>=2.4``), makes
 ``import helpers`` work without a restart, and moves into the lesson's folder. Anywhere
 else it does nothing. Two environment variables let an instructor try the cell without
 Colab's servers: ``COURSE_REPO`` (another address to clone, for example ``file:///path``)

@@ -176,8 +176,7 @@ def test_skipped_collective_names_the_missing_rank():
 
 # -- every public call is watched -----------------------------------------------------------
 
-#: Calls that moved into torch.distributed after torch 2.2 (the oldest the course supports):
-#: they are wrapped where the installed torch has them.
+#: Calls that not every supported torch has: they are wrapped where the installed torch has them.
 NEWER_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce_coalesced")
 
 
