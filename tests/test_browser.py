@@ -286,13 +286,13 @@ def shots(request):
     folder = Path(os.environ.get("BROWSER_SCREENSHOTS") or ROOT / "browser-screenshots").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     yield folder
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    message = f"browser screenshots: {folder}"
-    if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(message)
+    # Say where they are even when the tests pass (pytest captures a fixture's output).
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\nbrowser screenshots: {folder}")
     else:
-        print(message)
+        print(f"browser screenshots: {folder}")
 
 
 @pytest.fixture
