@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from _servers import ROOT, TOKEN, free_port, get, group_alive, serve, stop, wait_for
+from _servers import ROOT, TOKEN, free_port, group_alive, serve, stop, wait_for
 from conftest import descendants_of, describe_pids, is_gone, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -241,11 +241,12 @@ class LabPage:
 def browser():
     """One headless Debian chromium for the module, driven by Playwright."""
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import expect, sync_playwright
     except ImportError:
         _no_browser("the playwright package is not installed: run `make venv` (it is in the test extra)")
     if not os.path.exists(CHROMIUM):
         _no_browser(_why_no_chromium())
+    expect.set_options(timeout=30 * SECONDS)  # another test run may share the 2 cores: wait, but boundedly
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -299,6 +300,7 @@ def shots(request):
 def page(browser):
     """A fresh browser page (its own context: no shared cookies or storage), closed after the test."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(60 * SECONDS)
     page = context.new_page()
     yield page
     context.close()
