@@ -217,6 +217,7 @@ IGNORED = [
     "autograder/grades.csv",
     ".nbgrader.log",
     "autograder/grading-run.json",
+    "browser-screenshots/tabs-rank-0.png",
 ]
 NOT_IGNORED = [
     "autograder/lesson04.py",
