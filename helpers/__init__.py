@@ -28,7 +28,7 @@ from ._factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
 from .cluster import Cluster, ClusterError
-from .errors import BackendUnavailableError, ForbiddenCallError, LaunchError, LaunchTimeoutError, RankFailedError
+from .errors import BackendUnavailableError, ForbiddenCallError, Interrupted, LaunchError, LaunchTimeoutError, RankFailedError
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
 from .protocol import COLLECTIVES, DATA_COLLECTIVES, DDP, POINT_TO_POINT
@@ -41,6 +41,7 @@ __all__ = [
     "LaunchTimeoutError",
     "BackendUnavailableError",
     "ForbiddenCallError",
+    "Interrupted",
     "COLLECTIVES",
     "DATA_COLLECTIVES",
     "POINT_TO_POINT",

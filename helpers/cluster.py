@@ -31,7 +31,7 @@ from ._factory import get_factory
 from ._group import Outcome, RankGroup
 from ._report import group_stopped_error, outcome_error
 from .backend import Choice, resolve_backend
-from .errors import LaunchError, signal_name
+from .errors import Interrupted, LaunchError, signal_name
 from .launcher import default_timeout, serialize, serialize_call, trace_of, validate_world
 from .output import OutputRouter, OutputSpec
 from .protocol import Call, Death, Exec, Pull, Push, Request
@@ -340,8 +340,11 @@ class Cluster:
         try:
             outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
         except KeyboardInterrupt:
-            self._interrupt([r for r in targets if group.ranks[r].state == "busy"])
-            raise
+            busy = [r for r in targets if group.ranks[r].state == "busy"]
+            stuck = self._interrupt(busy)
+            where = f"rank{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}" if busy else "no busy rank"
+            still = f"; still blocked: {', '.join(map(str, stuck))} (run %dist_restart)" if stuck else ""
+            raise Interrupted(f"the cell was interrupted on {where}{still}.") from None
         finally:
             group.router.flush()
         if not outcome.ok:

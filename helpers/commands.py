@@ -30,7 +30,7 @@ import time
 from collections import deque
 from typing import Callable, Sequence, Union
 
-from .errors import LaunchError
+from .errors import Interrupted, LaunchError
 
 __all__ = ["Job", "start", "run", "CommandFailedError", "CommandTimeoutError"]
 
@@ -136,7 +136,7 @@ class Job:
             raise CommandTimeoutError(self.label, timeout, self.tail()) from None
         except KeyboardInterrupt:
             self.stop()
-            raise
+            raise Interrupted(f"{self.label} was interrupted; it and everything it started were stopped.") from None
         self._finish()
         if check and self._proc.returncode != 0:
             raise CommandFailedError(self.label, self._proc.returncode, self.tail())

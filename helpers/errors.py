@@ -29,6 +29,7 @@ __all__ = [
     "LaunchTimeoutError",
     "BackendUnavailableError",
     "ForbiddenCallError",
+    "Interrupted",
     "cell_label",
 ]
 
@@ -119,6 +120,26 @@ class LaunchTimeoutError(LaunchError, TimeoutError):
 
 class BackendUnavailableError(LaunchError, ValueError):
     """The requested backend cannot run here (for example nccl without enough GPUs)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The stop button (or Ctrl-C) ended a launch, a cell on persistent ranks, or a command.
+
+    It is a ``KeyboardInterrupt``, so code that catches those still does; in Jupyter it
+    shows as one line saying what was stopped, instead of a traceback through the helpers'
+    own waiting loops.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def __str__(self) -> str:
+        return self.what
+
+    def _render_traceback_(self) -> list[str]:
+        red, reset = "\x1b[0;31m", "\x1b[0m"
+        return [f"{red}KeyboardInterrupt{reset}: {self.what}"]
 
 
 class ForbiddenCallError(RuntimeError):

@@ -29,7 +29,7 @@ from ._factory import get_factory
 from ._group import Outcome, RankGroup
 from ._report import group_stopped_error
 from .backend import resolve_backend
-from .errors import LaunchError
+from .errors import Interrupted, LaunchError
 from .output import OutputRouter, OutputSpec
 from .protocol import COLLECTIVES, DDP, POINT_TO_POINT, Call, Request
 from .trace import Trace
@@ -249,9 +249,10 @@ def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
         live = group.live
         group.stop(_INTERRUPT_STEPS)
         group.close()
+        stopped = f"stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}" if live else "no rank was running"
         if live:
-            group.router.note(f"Interrupted: stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}.")
-        raise
+            group.router.note(f"Interrupted: {stopped}.")
+        raise Interrupted(f"the launch was interrupted; {stopped}.") from None
     except BaseException:
         group.stop()
         group.close()

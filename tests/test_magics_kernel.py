@@ -173,7 +173,8 @@ def test_interrupt_stops_the_cell_and_the_ranks_stay_usable(kernel):
         timeout=40,
         interrupt_after=1.5,
     )
-    assert out["status"] == "error" and out["error"]["ename"] == "KeyboardInterrupt"
+    assert out["status"] == "error" and out["error"]["ename"] == "Interrupted", out["error"]  # a KeyboardInterrupt
+    assert out["error"]["evalue"] == "the cell was interrupted on ranks 0, 1.", out["error"]
     waited = out["finished_at"] - kernel.interrupted_at
     assert waited < 5.0, f"the cell ended {waited:.1f} s after the interrupt"
     assert "idle" in kernel.run("%dist_status") and "busy" not in kernel.run("%dist_status")
