@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
-           "pipelined_ring_allreduce", "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]
+           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -251,58 +251,3 @@ class MiniDDP(torch.nn.Module):
         self._started = []
         self._ready = [0] * len(self.buckets)
 
-
-def pipelined_ring_allreduce(tensor: torch.Tensor, piece_bytes: int = 1 << 20) -> torch.Tensor:
-    """Lesson 8: the ring all-reduce of Exercise 4.4 with each chunk cut into pieces, so sending overlaps adding.
-
-    The plain ring waits for a whole chunk to arrive before it adds it, and adds it before
-    it sends it on: the link idles while the processor adds, and the other way round. Here
-    every chunk travels as pieces of about ``piece_bytes``. All receives of a step are
-    posted at once (``irecv``); as soon as piece j has arrived and been added, it is sent on
-    (``isend``) as piece j of the next step, while pieces j+1, j+2, ... are still in flight.
-    The last reduce-scatter step flows straight into the all-gather the same way. Same
-    messages per chunk as the plain ring, in more, smaller pieces: 2(p-1)/p of the tensor
-    per rank. Sums ``tensor`` in place over all ranks and returns it.
-    """
-    rank, p = dist.get_rank(), dist.get_world_size()
-    if p == 1:
-        return tensor
-    right, left = (rank + 1) % p, (rank - 1) % p
-    flat = tensor.view(-1)
-    bounds = chunk_bounds(flat.numel(), p)
-    per_piece = max(1, piece_bytes // flat.element_size())
-
-    def pieces(chunk: int) -> list[tuple[int, int]]:
-        start, stop = bounds[chunk]
-        return [(i, min(i + per_piece, stop)) for i in range(start, stop, per_piece)]
-
-    # The 2(p-1) steps: p-1 reduce-scatter steps (add what arrives), then p-1 all-gather steps (copy it).
-    steps = [ring_chunks("reduce-scatter", s, rank, p) + (True,) for s in range(p - 1)]
-    steps += [ring_chunks("all-gather", s, rank, p) + (False,) for s in range(p - 1)]
-    largest = bounds[0][1] - bounds[0][0]
-    spare = [torch.empty(largest, dtype=flat.dtype) for _ in range(2)]  # two steps' receive buffers take turns
-    sending: dict[int, list] = {c: [] for c in range(p)}  # chunk -> isends still reading it
-    # Step 0's chunk is ready at once: all of its pieces can go.
-    first = steps[0][0]
-    sending[first] = [dist.isend(flat[a:b], right, tag=j) for j, (a, b) in enumerate(pieces(first))]
-    for s, (_, recv_chunk, add) in enumerate(steps):
-        r0 = bounds[recv_chunk][0]
-        if add:  # land in a spare buffer, to be added
-            targets = [spare[s % 2][a - r0:b - r0] for a, b in pieces(recv_chunk)]
-        else:    # all-gather: a finished piece lands where it belongs ...
-            for request in sending[recv_chunk]:  # ... once no send still reads the old values there
-                request.wait()
-            sending[recv_chunk] = []
-            targets = [flat[a:b] for a, b in pieces(recv_chunk)]
-        receives = [dist.irecv(target, left, tag=j) for j, target in enumerate(targets)]
-        last = s == len(steps) - 1
-        for j, ((a, b), request) in enumerate(zip(pieces(recv_chunk), receives)):
-            request.wait()
-            if add:
-                flat[a:b] += targets[j]
-            if not last:  # what arrived (and was added) is the next step's piece j: pass it on now
-                sending[recv_chunk].append(dist.isend(flat[a:b], right, tag=j))
-    for requests in sending.values():
-        for request in requests:
-            request.wait()
-    return tensor

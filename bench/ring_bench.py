@@ -10,8 +10,9 @@ order at every repetition, so that the machine's noise falls on all three alike:
 - ``gloo``: ``dist.all_reduce``;
 - ``ring``: the instructor's reference ring (``autograder/reference.py``, Exercise 4.4),
   which receives a whole chunk, adds it, then sends it on;
-- ``pipelined``: ``pipelined_ring_allreduce`` from the same file, each chunk cut into
-  pieces of ``--piece`` bytes so that sending the next piece overlaps adding this one.
+- ``pipelined``: ``helpers.ring.pipelined_ring_allreduce`` (the one lesson 8 shows), each
+  chunk cut into pieces of ``--piece`` bytes so that sending the next piece overlaps
+  adding this one.
 
 Each time is the slowest rank's (one all-reduce of the time taken on every rank, with
 MAX); the median over the repetitions is reported, as bus bandwidth, algbw x 2(p-1)/p.
@@ -65,7 +66,9 @@ def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piec
 
     import torch
     import torch.distributed as dist
-    from autograder.reference import pipelined_ring_allreduce, ring_allreduce
+    from autograder.reference import ring_allreduce
+
+    from helpers.ring import pipelined_ring_allreduce
 
     run = {
         "gloo": lambda t: dist.all_reduce(t),
