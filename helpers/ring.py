@@ -27,6 +27,10 @@ from __future__ import annotations
 
 __all__ = ["pipelined_ring_allreduce", "ring_schedule"]
 
+# The landing buffers of the last call, kept for the next call of the same size and dtype:
+# allocating tens of megabytes afresh costs page faults on every call, as much as adding them.
+_spare: dict = {}
+
 
 def ring_schedule(rank: int, world_size: int) -> list[tuple[int, int, bool]]:
     """The ring's 2(p-1) steps for ``rank``: ``(chunk sent right, chunk received from the left, add it?)``.
@@ -66,7 +70,11 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 1 << 20):
         return [(i, min(i + per_piece, stop)) for i in range(start, stop, per_piece)]
 
     steps = ring_schedule(rank, p)
-    spare = [torch.empty(size, dtype=flat.dtype) for _ in range(2)]  # two steps' landing buffers take turns
+    key = (size, flat.dtype)
+    if key not in _spare:
+        _spare.clear()
+        _spare[key] = [torch.empty(size, dtype=flat.dtype) for _ in range(2)]
+    spare = _spare[key]  # two steps' landing buffers take turns
     sending: dict[int, list] = {c: [] for c in range(p)}  # chunk -> isends still reading it
     first = steps[0][0]  # step 0's chunk is ready at once: all of its pieces go now
     sending[first] = [dist.isend(flat[a:b], right, tag=j) for j, (a, b) in enumerate(pieces(first))]
