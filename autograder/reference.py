@@ -250,4 +250,3 @@ class MiniDDP(torch.nn.Module):
                     p.grad.copy_(mean)
         self._started = []
         self._ready = [0] * len(self.buckets)
-
