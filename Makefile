@@ -21,7 +21,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp course grade instructor clean-venv
+.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp bench-ring course grade instructor clean-venv
 
 venv: $(STAMP)
 
@@ -90,6 +90,10 @@ bench-trace: venv
 # Lesson 06: time per training step, averaging after backward against MiniDDP and DDP.
 bench-ddp: venv
 	$(VENV_PY) bench/ddp_bench.py
+
+# Lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB.
+bench-ring: venv
+	$(VENV_PY) bench/ring_bench.py
 
 # Seconds to autograde one learner's submission of each lesson.
 bench-grading: venv

@@ -10,6 +10,8 @@ folders.
 - ``solution_source(lesson, grade_id)`` is the instructor's code of one exercise cell.
 - ``submission(release, target, answers, drop, edit)`` writes a learner's notebook from a
   released one, with chosen exercise cells filled in, cells deleted or cells edited.
+- ``scores(root, lesson, cells, student)`` and ``feedback(root, lesson, student)`` read back
+  what grading gave a learner: points per part from the gradebook, and the HTML feedback.
 
 Example::
 
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from .course import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source"]
+__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "scores", "feedback"]
 
 
 def course_copy(folder: Path, lessons: list[str] | None = None) -> Path:
@@ -83,3 +85,21 @@ def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> sub
     )
 
 
+
+
+def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict[str, float]:
+    """The points nbgrader gave ``student`` for each part of ``lesson``, in the course copy at ``root``.
+
+    ``cells`` maps each graded cell's grade_id to its part's name (see
+    :func:`autograder.cells.graded_cells`); the result maps part names to scores.
+    """
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
+        grades = gb.find_submission_notebook(lesson, lesson, student).grades
+        return {cells[g.name]: g.score for g in grades if g.name in cells}
+
+
+def feedback(root: Path, lesson: str, student: str) -> str:
+    """The HTML feedback ``student`` received for ``lesson``, in the course copy at ``root``."""
+    return (root / "autograder" / "feedback" / student / lesson / f"{lesson}.html").read_text()

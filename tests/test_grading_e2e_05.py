@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
 
 LESSON = "05-data-parallel-sgd"
 AVERAGE, TRAIN = "ex5_1-average-gradients", "ex5_2-train"
@@ -110,53 +110,42 @@ def graded(tmp_path_factory):
     return root, cells, points
 
 
-def _scores(root: Path, cells: dict[str, str], student: str) -> dict[str, float]:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        grades = gb.find_submission_notebook(LESSON, LESSON, student).grades
-        return {cells[g.name]: g.score for g in grades if g.name in cells}
-
-
-def _feedback(root: Path, student: str) -> str:
-    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("student", ["amy", "ben", "cid"])
 def test_correct_answers_earn_full_marks(graded, student):
     """Do the instructor's answer, a flat-buffer average and asynchronous calls waited together all earn every point?"""
     root, cells, points = graded
-    assert _scores(root, cells, student) == points
+    assert scores(root, LESSON, cells, student) == points
 
 
 @pytest.mark.slow
 def test_forgetting_to_divide_is_named(graded):
     """Does an average that forgets the division lose the gradient and training parts, with feedback that says so?"""
     root, cells, points = graded
-    scores = _scores(root, cells, "dee")
-    assert scores == {**points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
-    assert "Did you divide by the world size?" in _feedback(root, "dee")
+    got = scores(root, LESSON, cells, "dee")
+    assert got == {**points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
+    assert "Did you divide by the world size?" in feedback(root, LESSON, "dee")
 
 
 @pytest.mark.slow
 def test_averaging_the_weights_is_named(graded):
     """Does averaging the weights instead of the gradients lose every 5.1 part, with feedback naming the mistake?"""
     root, cells, points = graded
-    scores = _scores(root, cells, "eli")
-    assert {k: v for k, v in scores.items() if k.startswith("5.1")} == {
+    got = scores(root, LESSON, cells, "eli")
+    assert {k: v for k, v in got.items() if k.startswith("5.1")} == {
         "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0, "5.1/training": 0}
-    assert "weights were averaged instead of the gradients" in _feedback(root, "eli")
+    assert "weights were averaged instead of the gradients" in feedback(root, LESSON, "eli")
 
 
 @pytest.mark.slow
 def test_reduce_instead_of_all_reduce_is_named(graded):
     """Does `reduce` (the sum reaches rank 0 only) lose the gradient parts, with feedback naming all_reduce?"""
     root, cells, points = graded
-    scores = _scores(root, cells, "fay")
-    assert scores["5.1/correct"] == 0 and scores["5.1/training"] == 0 and scores["5.2/same_steps"] == 0
-    assert scores["5.1/parameters_unchanged"] == points["5.1/parameters_unchanged"]
-    assert "Use dist.all_reduce" in _feedback(root, "fay")
+    got = scores(root, LESSON, cells, "fay")
+    assert got["5.1/correct"] == 0 and got["5.1/training"] == 0 and got["5.2/same_steps"] == 0
+    assert got["5.1/parameters_unchanged"] == points["5.1/parameters_unchanged"]
+    assert "Use dist.all_reduce" in feedback(root, LESSON, "fay")
 
 
 @pytest.mark.slow
@@ -166,9 +155,9 @@ def test_crash_on_a_none_gradient_costs_only_the_parts_with_frozen_parameters(gr
     (The visible self-check, which also tries a frozen parameter, sits in a cell of its own
     and is not graded, so it costs nothing here.)"""
     root, cells, points = graded
-    scores = _scores(root, cells, "gus")
-    assert scores == {**points, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0}
-    assert "grad is None when it is frozen" in _feedback(root, "gus")
+    got = scores(root, LESSON, cells, "gus")
+    assert got == {**points, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0}
+    assert "grad is None when it is frozen" in feedback(root, LESSON, "gus")
 
 
 @pytest.mark.slow

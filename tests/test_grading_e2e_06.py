@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
 
 LESSON = "06-ddp"
 ANSWER = "ex6_1-miniddp"
@@ -59,39 +59,28 @@ def graded(tmp_path_factory):
     return root, cells, points
 
 
-def _scores(root: Path, cells: dict[str, str], student: str) -> dict[str, float]:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        grades = gb.find_submission_notebook(LESSON, LESSON, student).grades
-        return {cells[g.name]: g.score for g in grades if g.name in cells}
-
-
-def _feedback(root: Path, student: str) -> str:
-    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
-
 
 @pytest.mark.slow
 def test_the_instructors_miniddp_earns_full_marks(graded):
     """Does the instructor's MiniDDP, handed in as a learner's, earn every point?"""
     root, cells, points = graded
-    assert _scores(root, cells, "amy") == points
+    assert scores(root, LESSON, cells, "amy") == points
 
 
 @pytest.mark.slow
 def test_no_broadcast_loses_only_the_broadcast_part(graded):
     """Does a MiniDDP that never broadcasts lose the broadcast part alone, with feedback that says what to broadcast?"""
     root, cells, points = graded
-    assert _scores(root, cells, "ben") == {**points, "broadcast": 0}
-    assert "broadcast every parameter and buffer from rank 0" in _feedback(root, "ben")
+    assert scores(root, LESSON, cells, "ben") == {**points, "broadcast": 0}
+    assert "broadcast every parameter and buffer from rank 0" in feedback(root, LESSON, "ben")
 
 
 @pytest.mark.slow
 def test_reducing_after_backward_loses_only_the_overlap(graded):
     """Does a MiniDDP that starts every all-reduce after backward lose the overlap part alone, and say why?"""
     root, cells, points = graded
-    assert _scores(root, cells, "cid") == {**points, "overlap": 0}
-    assert "so communication overlaps the rest of backward" in _feedback(root, "cid")
+    assert scores(root, LESSON, cells, "cid") == {**points, "overlap": 0}
+    assert "so communication overlaps the rest of backward" in feedback(root, LESSON, "cid")
 
 
 @pytest.mark.slow
@@ -102,18 +91,18 @@ def test_never_waiting_loses_the_late_rank_part(graded):
     part that makes one rank late is sure to catch it.
     """
     root, cells, points = graded
-    scores = _scores(root, cells, "dee")
-    assert scores["waits"] == 0 and scores["broadcast"] == points["broadcast"]
-    assert sum(scores.values()) < sum(points.values())
-    assert "wait for each all-reduce's work" in _feedback(root, "dee")
+    got = scores(root, LESSON, cells, "dee")
+    assert got["waits"] == 0 and got["broadcast"] == points["broadcast"]
+    assert sum(got.values()) < sum(points.values())
+    assert "wait for each all-reduce's work" in feedback(root, LESSON, "dee")
 
 
 @pytest.mark.slow
 def test_forgetting_to_divide_is_named(graded):
     """Does a MiniDDP that never divides lose every part that compares gradients, with feedback naming the division?"""
     root, cells, points = graded
-    assert _scores(root, cells, "eli") == {**points, "gradients": 0, "waits": 0, "buckets": 0, "unused": 0}
-    assert "divide the summed bucket by the world size" in _feedback(root, "eli")
+    assert scores(root, LESSON, cells, "eli") == {**points, "gradients": 0, "waits": 0, "buckets": 0, "unused": 0}
+    assert "divide the summed bucket by the world size" in feedback(root, LESSON, "eli")
 
 
 @pytest.mark.slow

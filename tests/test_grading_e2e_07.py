@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
 
 LESSON = "07-launching-at-scale"
 ANSWER = "ex7_1-main"
@@ -63,50 +63,39 @@ def graded(tmp_path_factory):
     return root, cells, points
 
 
-def _scores(root: Path, cells: dict[str, str], student: str) -> dict[str, float]:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gb:
-        grades = gb.find_submission_notebook(LESSON, LESSON, student).grades
-        return {cells[g.name]: g.score for g in grades if g.name in cells}
-
-
-def _feedback(root: Path, student: str) -> str:
-    return (root / "autograder" / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
-
 
 @pytest.mark.slow
 def test_the_instructors_script_earns_full_marks(graded):
     """Does the instructor's main(), run by two torchrun agents and by one, earn every point?"""
     root, cells, points = graded
-    assert _scores(root, cells, "amy") == points
+    assert scores(root, LESSON, cells, "amy") == points
 
 
 @pytest.mark.slow
 def test_a_hard_coded_rank_loses_the_result_and_the_single_writer(graded):
     """Does rank = 0 everywhere lose the result, the one-writer part and the other topology, with feedback naming RANK?"""
     root, cells, points = graded
-    assert _scores(root, cells, "ben") == {**points, "same_result": 0, "rank_zero_only": 0, "any_topology": 0}
-    feedback = _feedback(root, "ben")
-    assert "torch.save was called 4 times" in feedback and "global RANK" in feedback
+    assert scores(root, LESSON, cells, "ben") == {**points, "same_result": 0, "rank_zero_only": 0, "any_topology": 0}
+    text = feedback(root, LESSON, "ben")
+    assert "torch.save was called 4 times" in text and "global RANK" in text
 
 
 @pytest.mark.slow
 def test_every_rank_writing_and_no_destroy_are_both_named(graded):
     """Do every process saving and no destroy_process_group lose exactly their parts, each named in the feedback?"""
     root, cells, points = graded
-    assert _scores(root, cells, "cid") == {**points, "rank_zero_only": 0, "clean_exit": 0, "any_topology": 0}
-    feedback = _feedback(root, "cid")
-    assert "Exactly one process, global rank 0, must write the checkpoint" in feedback
-    assert "dist.destroy_process_group()" in feedback
+    assert scores(root, LESSON, cells, "cid") == {**points, "rank_zero_only": 0, "clean_exit": 0, "any_topology": 0}
+    text = feedback(root, LESSON, "cid")
+    assert "Exactly one process, global rank 0, must write the checkpoint" in text
+    assert "dist.destroy_process_group()" in text
 
 
 @pytest.mark.slow
 def test_expecting_local_rank_argument_fails_with_the_fix(graded):
     """Does a script that requires --local-rank score 0, the feedback saying torchrun sets LOCAL_RANK instead?"""
     root, cells, points = graded
-    assert set(_scores(root, cells, "dee").values()) == {0}
-    assert "read LOCAL_RANK from the environment" in _feedback(root, "dee")
+    assert set(scores(root, LESSON, cells, "dee").values()) == {0}
+    assert "read LOCAL_RANK from the environment" in feedback(root, LESSON, "dee")
 
 
 @pytest.mark.slow

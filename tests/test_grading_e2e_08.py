@@ -1,0 +1,143 @@
+"""Lesson 08 graded end to end with the real nbgrader: three broken programs, repaired or not.
+
+A temporary copy of the course receives four learners' versions of lesson 08 and is graded
+with `python -m autograder grade`, the instructor's command: the instructor's answer, the
+untouched notebook, a learner who repaired only the hang, and one whose repairs dodge the
+work (a collective where point-to-point calls are asked for, a mean hard-coded from the
+lesson's example, a gather that crashes on the rank holding no element).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
+
+LESSON = "08-debugging-and-performance"
+ANSWER = "ex8_1-repaired"
+ROOT = Path(__file__).resolve().parent.parent
+
+# The broken programs of the lesson, as method bodies (8 spaces in).
+BROKEN = {
+    "global_mean": "        local = x.mean()\n        dist.all_reduce(local)\n        return local\n",
+    "gather_all": ("        pieces = [torch.empty_like(x) for _ in range(world_size)]\n"
+                   "        dist.all_gather(pieces, x)\n        return torch.cat(pieces)\n"),
+}
+# Repairs that dodge the work.
+DODGES = {
+    "pass_right": ("        everyone = [torch.empty_like(x) for _ in range(world_size)]\n"
+                   "        dist.all_gather(everyone, x)\n        return everyone[(rank - 1) % world_size]\n"),
+    "global_mean": "        return torch.tensor(0.8)   # what the lesson's example should have given\n",
+    "gather_all": ("        length = torch.tensor([x.numel()])\n"
+                   "        lengths = [torch.zeros_like(length) for _ in range(world_size)]\n"
+                   "        dist.all_gather(lengths, length)\n"
+                   "        longest = max(int(n) for n in lengths)\n"
+                   "        padded = torch.cat([x, x[-1].repeat(longest - x.numel())])   # pads with the last element\n"
+                   "        pieces = [torch.empty_like(padded) for _ in range(world_size)]\n"
+                   "        dist.all_gather(pieces, padded)\n"
+                   "        return torch.cat([piece[: int(n)] for piece, n in zip(pieces, lengths)])\n"),
+}
+
+
+def _with_bodies(bodies: dict[str, str]) -> str:
+    """The instructor's answer cell with some methods' bodies replaced."""
+    source = solution_source(LESSON, ANSWER)
+    for method, body in bodies.items():
+        head = f"    def {method}(rank, world_size, x):\n"
+        start = source.index(head)
+        doc_end = source.index('"""\n', source.index('"""', start + len(head)) + 3) + 4  # end of the docstring
+        end = source.find("\n    @staticmethod", doc_end)
+        source = source[:doc_end] + body + (source[end:] if end != -1 else "")
+    return source
+
+
+LEARNERS = {
+    "amy": solution_source(LESSON, ANSWER),   # the instructor's answer
+    "ben": _with_bodies(BROKEN),              # repaired the hang only
+    "cid": _with_bodies(DODGES),
+    "sam": None,                              # hands in the notebook untouched
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    from autograder import exercise
+    from autograder.cells import graded_cells
+
+    tmp = tmp_path_factory.mktemp("grading08")
+    root = course_copy(tmp / "course", lessons=[LESSON])
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    for who, answer in LEARNERS.items():
+        submission(release, tmp / "submissions" / who / LESSON / f"{LESSON}.ipynb", {ANSWER: answer} if answer else None)
+    done = run_instructor_command(root, "grade", str(tmp / "submissions"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
+    points = {p.name: p.points for p in exercise("8.1").parts}
+    assert set(cells.values()) == set(points), cells
+    return root, cells, points
+
+
+def test_the_learner_variants_are_what_they_claim():
+    """Do the variants differ from the answer exactly in the methods they replace (so the test grades what it says)?"""
+    answer = LEARNERS["amy"]
+    assert "dist.isend(x" in answer and "dist.isend(x" in LEARNERS["ben"]
+    assert "totals" not in LEARNERS["ben"] and "local = x.mean()" in LEARNERS["ben"]
+    assert "dist.isend(x" not in LEARNERS["cid"] and "return torch.tensor(0.8)" in LEARNERS["cid"]
+    for source in LEARNERS.values():
+        if source:
+            compile(source, "answer", "exec")
+            assert source.count("@staticmethod") == 3
+
+
+@pytest.mark.slow
+def test_the_instructors_answer_earns_full_marks(graded):
+    """Do the instructor's three repairs, handed in as a learner's, earn every point?"""
+    root, cells, points = graded
+    assert scores(root, LESSON, cells, "amy") == points
+
+
+@pytest.mark.slow
+def test_the_untouched_notebook_earns_nothing(graded):
+    """Does the notebook handed in untouched score 0, each part telling the learner to replace the stub?"""
+    root, cells, points = graded
+    assert scores(root, LESSON, cells, "sam") == dict.fromkeys(points, 0)
+    text = feedback(root, LESSON, "sam")
+    assert "still raises NotImplementedError" in text and "Exercise 8.1: repair three broken programs" in text
+
+
+@pytest.mark.slow
+def test_repairing_only_the_hang_earns_only_the_hang(graded):
+    """Does a learner who repaired pass_right alone earn its part, the feedback saying what the other two did wrong?"""
+    root, cells, points = graded
+    assert scores(root, LESSON, cells, "ben") == {**points, "wrong_result": 0, "crash": 0}
+    text = feedback(root, LESSON, "ben")
+    assert "wrong_result: global_mean: on 2 ranks" in text and "a mean of means is wrong" in text
+    # the broken all_gather crashes a rank, or hangs when a rank holds nothing: either way the part and the ranks are named
+    assert "crash (gather_all): " in text
+    assert "all_gather" in text and "rank " in text
+
+
+@pytest.mark.slow
+def test_repairs_that_dodge_the_work_earn_nothing(graded):
+    """Do a collective in pass_right, a hard-coded mean and a gather crashing on the empty rank each lose their part, named?"""
+    root, cells, points = graded
+    assert scores(root, LESSON, cells, "cid") == dict.fromkeys(points, 0)
+    text = feedback(root, LESSON, "cid")
+    assert "called a built-in collective" in text and "pass_right is repaired by ordering its point-to-point calls" in text
+    assert "rank 0 returned 0.8; the mean of all" in text
+    assert "raised IndexError" in text and "crash (gather_all): rank " in text
+
+
+@pytest.mark.slow
+def test_grading_run_records_every_learner(graded):
+    """Does the run record hold every learner of lesson 08, graded without an error of the course's?"""
+    root, _, points = graded
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    runs = {run["student"]: run for run in record["submissions"]}
+    assert set(runs) == set(LEARNERS)
+    assert all(run["status"] == "ok" and run["lesson"] == LESSON for run in runs.values()), runs
+    assert runs["amy"]["score"] == pytest.approx(sum(points.values()))
+    assert "check itself failed" not in "".join(feedback(root, LESSON, who) for who in LEARNERS)
