@@ -45,6 +45,10 @@ from .protocol import (
 
 __all__ = ["RankGroup", "RankState", "Outcome", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
 
+#: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
+#: the rank factory's `python -c` module (see helpers._factory).
+_DUMP_END = b'File "<string>", line'
+
 #: The process group's own timeout is the request timeout plus this: ours must fire
 #: first, so that a hang is diagnosed rather than ended by a gloo error.
 PG_TIMEOUT_MARGIN = 30.0
@@ -501,18 +505,20 @@ class RankGroup:
         before = {r: len(self.ranks[r].diag) for r in ranks}
         self.signal(signal.SIGUSR1, ranks)
         deadline = time.monotonic() + wait
-        quiet_since = None
-        while time.monotonic() < deadline:
-            sizes = {r: len(self.ranks[r].diag) for r in ranks}
+
+        def complete(r: int) -> bool:
+            # faulthandler writes a dump line by line, innermost frame first; a rank's main
+            # thread ends with the factory's start-up frame, File "<string>". A pause in the
+            # middle of a dump (a busy machine) must not cut it short: that would lose the
+            # learner's own frame, which comes after torch's.
+            if self.ranks[r].state == "exited":
+                return True
+            text = self.ranks[r].diag[before[r]:]
+            end = text.rfind(_DUMP_END)
+            return end >= 0 and b"\n" in text[end:]
+
+        while time.monotonic() < deadline and not all(complete(r) for r in ranks):
             self.poll(0.05)
-            grew = any(len(self.ranks[r].diag) != sizes[r] for r in ranks)
-            everyone = all(len(self.ranks[r].diag) > before[r] or self.ranks[r].state == "exited" for r in ranks)
-            if everyone and not grew:
-                quiet_since = quiet_since or time.monotonic()
-                if time.monotonic() - quiet_since > 0.1:
-                    break
-            else:
-                quiet_since = None
         return {r: bytes(self.ranks[r].diag[before[r]:]).decode("utf-8", "replace") for r in ranks}
 
     def read_board(self) -> list[BoardRecord]:
