@@ -153,7 +153,10 @@ def test_hang_times_out_and_dist_restart_gives_working_ranks(kernel):
     out = kernel.execute("%%distributed --timeout 2\nt = torch.zeros(1)\ndist.recv(t, 1 - rank)")
     assert out["status"] == "error" and out["error"]["ename"] == "LaunchTimeoutError"
     assert "recv" in traceback_text(out)
-    assert f"at Cell In[{out['execution_count']}], line 3, in <module>: dist.recv(t, 1 - rank)" in traceback_text(out), out["error"]["evalue"]
+    where = f"at Cell In[{out['execution_count']}], line 3, in <module>: dist.recv(t, 1 - rank)"
+    if where not in traceback_text(out):  # say what the ranks' stacks held, to find out why
+        stacks = kernel.run("import sys; print(repr(getattr(sys.last_value, 'stacks', None)))")
+        pytest.fail(f"the report does not point at the cell ({where!r}):\n{out['error']['evalue']}\nstacks: {stacks}")
     assert out["seconds"] < 8.0, out["seconds"]
     assert "busy" in kernel.run("%dist_status")
     refused = kernel.execute("%%distributed\n1")
