@@ -497,8 +497,13 @@ class RankGroup:
         except FactoryError:
             pass
 
-    def dump_stacks(self, ranks: list[int], wait: float = 1.0) -> dict[int, str]:
-        """Ask ranks for their Python stacks; returns rank -> faulthandler dump text."""
+    def dump_stacks(self, ranks: list[int], wait: float = 3.0) -> dict[int, str]:
+        """Ask ranks for their Python stacks; returns rank -> faulthandler dump text.
+
+        The dumps usually arrive within milliseconds. ``wait`` is long because the signal
+        goes through the rank factory, which is deaf for a second or two while it does its
+        one idle warm-up import (helpers._factory); a shorter wait then found no stack.
+        """
         ranks = [r for r in ranks if self.ranks[r].state != "exited"]
         if not ranks:
             return {}
