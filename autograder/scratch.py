@@ -10,6 +10,8 @@ folders.
 - ``solution_source(lesson, grade_id)`` is the instructor's code of one exercise cell.
 - ``submission(release, target, answers, drop, edit)`` writes a learner's notebook from a
   released one, with chosen exercise cells filled in, cells deleted or cells edited.
+- ``grade_class(folder, lesson, number, answers)`` does all of that for one lesson: one
+  notebook per learner, graded together as an instructor would.
 - ``scores(root, lesson, cells, student)`` and ``feedback(root, lesson, student)`` read back
   what grading gave a learner: points per part from the gradebook, and the HTML feedback.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from .course import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "scores", "feedback"]
+__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "grade_class", "scores", "feedback"]
 
 
 def course_copy(folder: Path, lessons: list[str] | None = None) -> Path:
@@ -85,6 +87,31 @@ def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> sub
     )
 
 
+
+
+def grade_class(folder: Path, lesson: str, number: str,
+                answers: dict[str, dict[str, str] | None]) -> tuple[Path, dict[str, str], dict[str, float]]:
+    """Hand in ``lesson`` for every learner and grade them all (``python -m autograder grade``).
+
+    ``answers`` maps each learner to the exercise cells they filled in (grade_id -> source;
+    None hands the notebook in untouched). Returns the course copy's root, each graded
+    cell's grade_id -> its part of Exercise ``number``, and each part -> its points, ready
+    for :func:`scores`. Raises AssertionError when grading fails or the cells and the
+    declared parts disagree.
+    """
+    from . import exercise
+    from .cells import graded_cells
+
+    root = course_copy(folder / "course", lessons=[lesson])
+    release = root / "course" / lesson / f"{lesson}.ipynb"
+    for who, cells_of in answers.items():
+        submission(release, folder / "submissions" / who / lesson / f"{lesson}.ipynb", cells_of)
+    done = run_instructor_command(root, "grade", str(folder / "submissions"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")}
+    points = {part.name: part.points for part in exercise(number).parts}
+    assert set(cells.values()) == set(points), cells
+    return root, cells, points
 
 
 def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict[str, float]:

@@ -10,15 +10,13 @@ waited for, and the sum never divided by the world size.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
+from autograder.scratch import feedback, grade_class, scores, solution_source
 
 LESSON = "06-ddp"
 ANSWER = "ex6_1-miniddp"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _variant(old: str, new: str) -> str:
@@ -42,21 +40,9 @@ LEARNERS = ["amy", *MISTAKES]  # amy hands in the instructor's answer
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    from autograder import exercise
-    from autograder.cells import graded_cells
-
-    tmp = tmp_path_factory.mktemp("grading06")
-    root = course_copy(tmp / "course", lessons=[LESSON])
-    release = root / "course" / LESSON / f"{LESSON}.ipynb"
-    for who in LEARNERS:
-        answer = _variant(*MISTAKES[who]) if who in MISTAKES else solution_source(LESSON, ANSWER)
-        submission(release, tmp / "submissions" / who / LESSON / f"{LESSON}.ipynb", {ANSWER: answer})
-    done = run_instructor_command(root, "grade", str(tmp / "submissions"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
-    points = {p.name: p.points for p in exercise("6.1").parts}
-    assert set(cells.values()) == set(points), cells
-    return root, cells, points
+    answers = {who: {ANSWER: _variant(*MISTAKES[who]) if who in MISTAKES else solution_source(LESSON, ANSWER)}
+               for who in LEARNERS}
+    return grade_class(tmp_path_factory.mktemp("grading06"), LESSON, "6.1", answers)
 
 
 

@@ -10,15 +10,13 @@ lesson's example, a gather that crashes on the rank holding no element).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, feedback, run_instructor_command, scores, solution_source, submission
+from autograder.scratch import feedback, grade_class, scores, solution_source
 
 LESSON = "08-debugging-and-performance"
 ANSWER = "ex8_1-repaired"
-ROOT = Path(__file__).resolve().parent.parent
 
 # The broken programs of the lesson, as method bodies (8 spaces in).
 BROKEN = {
@@ -64,20 +62,7 @@ LEARNERS = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    from autograder import exercise
-    from autograder.cells import graded_cells
-
-    tmp = tmp_path_factory.mktemp("grading08")
-    root = course_copy(tmp / "course", lessons=[LESSON])
-    release = root / "course" / LESSON / f"{LESSON}.ipynb"
-    for who, answer in LEARNERS.items():
-        submission(release, tmp / "submissions" / who / LESSON / f"{LESSON}.ipynb", {ANSWER: answer} if answer else None)
-    done = run_instructor_command(root, "grade", str(tmp / "submissions"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
-    points = {p.name: p.points for p in exercise("8.1").parts}
-    assert set(cells.values()) == set(points), cells
-    return root, cells, points
+    return grade_class(tmp_path_factory.mktemp("grading08"), LESSON, "8.1", {who: {ANSWER: answer} if answer else None for who, answer in LEARNERS.items()})
 
 
 def test_the_learner_variants_are_what_they_claim():
