@@ -1,0 +1,201 @@
+"""A bubblewrap sandbox for learners' code while it is graded.
+
+During ``make grade`` every learner notebook runs in a kernel started through
+`bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``), and so does the
+clean re-grading process (:mod:`autograder.clean`). Inside, the learner's code sees:
+
+- the system and the Python installation, read-only;
+- the ``helpers`` and ``autograder`` packages, read-only, without the instructor's
+  reference answers (``autograder/reference.py``) and without anything in the
+  ``autograder/`` folder that is not a Python module (the gradebook, the work folders,
+  grades, feedback);
+- nothing of the course's root folder (``solutions/``, other learners' submissions) and
+  nothing of the instructor's home folder;
+- a private, empty ``/tmp``, and one writable folder: its own working copy;
+- its own network namespace, with only a loopback interface (the ranks' gloo traffic
+  works; nothing outside the sandbox can be reached);
+- its own process-id namespace: when the sandbox ends, every process in it ends.
+
+Ranks started by the helpers are the kernel's children, so they run in the same sandbox.
+
+``bwrap`` works without root where the kernel allows unprivileged user namespaces (most
+Linux distributions; Ubuntu 24.04 restricts them through AppArmor). :func:`problem` says
+whether it can run here, and :func:`require` raises :class:`SandboxUnavailable` with the
+next step when it cannot.
+
+Example::
+
+    >>> import subprocess, tempfile
+    >>> box = Sandbox(writable=[tempfile.mkdtemp()])
+    >>> if problem() is None:
+    ...     out = subprocess.run(box.wrap(["cat", "/proc/net/dev"]), capture_output=True, text=True).stdout
+    ...     assert "lo:" in out and "eth0" not in out
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import helpers
+
+__all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint", "kernel_spec", "PACKAGE_DIRS"]
+
+#: The two packages the sandbox shows read-only (learners' code and the checks import them).
+PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parent)
+#: Files of the autograder package hidden even though they are Python: the instructor's answers.
+HIDDEN_MODULES = ("reference.py",)
+#: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")
+PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_")
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot start a sandbox here; the message says what to do."""
+
+
+def install_hint() -> str:
+    """How to get a working ``bwrap``, for messages."""
+    return ("Install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
+            "bubblewrap`). Without root it needs unprivileged user namespaces: `sysctl "
+            "kernel.unprivileged_userns_clone` must be 1, and on Ubuntu 24.04 and later "
+            "`kernel.apparmor_restrict_unprivileged_userns` must be 0 (or give bwrap an AppArmor profile).")
+
+
+@functools.lru_cache(maxsize=1)
+def problem() -> str | None:
+    """None when a sandbox starts here; else why not (one sentence, with what bwrap said)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (`bwrap`) is not installed"
+    try:
+        done = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+                               "--die-with-parent", "true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`bwrap` could not be run ({exc})"
+    if done.returncode != 0:
+        return f"`bwrap` cannot start a sandbox here (exit {done.returncode}: {done.stderr.strip() or 'no message'})"
+    return None
+
+
+def require() -> None:
+    """Return when sandboxes work here; else raise :class:`SandboxUnavailable` with the next step."""
+    reason = problem()
+    if reason is not None:
+        raise SandboxUnavailable(f"Cannot sandbox learners' code: {reason}.\n{install_hint()}\n"
+                                 "To grade without a sandbox anyway (learners' code then runs with your rights), "
+                                 "pass --no-sandbox (make grade NO_SANDBOX=1).")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _existing(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p and Path(p).exists():
+            resolved = Path(p).resolve()
+            if resolved not in out:
+                out.append(resolved)
+    return out
+
+
+@dataclass
+class Sandbox:
+    """One sandbox: what it may write, and which folders it must not see at all.
+
+    ``writable`` folders are bound read-write (the first is the working folder unless
+    ``workdir`` says otherwise); ``hidden`` folders (the course root, the repository) are
+    replaced by empty ones, with the Python installation and the two packages bound back
+    read-only where they lie inside them. The instructor's home folder is always hidden.
+    """
+
+    writable: Sequence[str | os.PathLike]
+    hidden: Sequence[str | os.PathLike] = ()
+    workdir: str | os.PathLike | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def _shown(self) -> list[Path]:
+        """Read-only folders bound back over hidden ones: Python, its paths, the two packages."""
+        roots = _existing([sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path])
+        hidden = self._hidden()
+        shown = []
+        for p in roots:
+            # A path that is a hidden folder or holds one (a repository root on PYTHONPATH) would
+            # show everything in it: only its packages are shown, below.
+            if any(_within(h, p) for h in hidden):
+                continue
+            shown.append(p)
+        return shown + [d for d in PACKAGE_DIRS if d not in shown]
+
+    def _hidden(self) -> list[Path]:
+        home = Path(os.path.expanduser("~"))
+        repo = PACKAGE_DIRS[1].parent
+        found = _existing([home if home != Path("/") else "", repo, *self.hidden])
+        return [h for h in found if h != Path("/")]
+
+    def _package_hides(self) -> list[str]:
+        """Inside the autograder package: everything that is not a module, and the reference answers."""
+        args: list[str] = []
+        package = PACKAGE_DIRS[1]
+        for entry in sorted(package.iterdir()):
+            keep = (entry.suffix == ".py" and entry.name not in HIDDEN_MODULES) or entry.name == "__pycache__"
+            if keep:
+                continue
+            args += ["--tmpfs", str(entry)] if entry.is_dir() else ["--ro-bind", "/dev/null", str(entry)]
+        for cache in package.glob("__pycache__/reference.*"):
+            args += ["--ro-bind", "/dev/null", str(cache)]
+        return args
+
+    def _environment(self) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)}
+        env.update(HOME="/tmp", TMPDIR="/tmp", MPLCONFIGDIR="/tmp/matplotlib", IPYTHONDIR="/tmp/ipython",
+                   COURSE_SANDBOX="1")
+        env.update(self.env)
+        return ["--clearenv", *[a for k, v in sorted(env.items()) for a in ("--setenv", k, v)]]
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` inside this sandbox."""
+        bwrap = shutil.which("bwrap") or "bwrap"
+        args = [bwrap, "--die-with-parent", "--unshare-all", "--ro-bind", "/", "/",
+                "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        for device in sorted(Path("/dev").glob("nvidia*")) + [Path("/dev/dri")]:
+            if device.exists():  # GPUs stay usable: lessons on a GPU machine run nccl
+                args += ["--dev-bind", str(device), str(device)]
+        for h in self._hidden():
+            args += ["--tmpfs", str(h)]
+        for p in self._shown():
+            args += ["--ro-bind", str(p), str(p)]
+        args += self._package_hides()
+        writable = _existing(self.writable)
+        for w in writable:
+            args += ["--bind", str(w), str(w)]
+        workdir = Path(self.workdir).resolve() if self.workdir else (writable[0] if writable else Path("/tmp"))
+        args += ["--chdir", str(workdir), *self._environment(), "--"]
+        return args + list(argv)
+
+
+def kernel_spec(folder: str | os.PathLike, sandbox: Sandbox, name: str = "python3") -> Path:
+    """Write a Jupyter kernel spec ``folder/kernels/<name>`` whose kernel starts inside ``sandbox``.
+
+    Put ``folder`` first on ``JUPYTER_PATH`` and the spec replaces the usual ``python3``
+    kernel for that process (nbgrader's autograde included). The kernel talks to its client
+    over Unix sockets (``KernelManager.transport = "ipc"``): it has no network outside the
+    sandbox. Interrupts go as messages, which reach the kernel inside the sandbox.
+    """
+    spec_dir = Path(folder) / "kernels" / name
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    argv = sandbox.wrap([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    spec = {"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python",
+            "interrupt_mode": "message", "metadata": {"debugger": False}}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
+    return spec_dir
