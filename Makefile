@@ -103,10 +103,14 @@ bench-grading: venv
 course: venv
 	$(VENV_PY) -m autograder build
 
-# Instructor: autograde a folder of <student>/<lesson>/<lesson>.ipynb, with feedback and CSV.
+# Instructor: autograde a folder of <student>/<lesson>/<lesson>.ipynb, with feedback, CSV and
+# the class summary. JOBS submissions at a time (default: one per core), each in a bubblewrap
+# sandbox; NO_SANDBOX=1 grades without it (learners' code then runs with your rights).
+JOBS       ?=
+NO_SANDBOX ?=
 grade: venv
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
-	$(VENV_PY) -m autograder grade $(SUBMISSIONS)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N] [NO_SANDBOX=1]" >&2; exit 2; }
+	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv

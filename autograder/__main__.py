@@ -2,8 +2,11 @@
 
   build [LESSON..] regenerate course/ from solutions/ (same as `make course`)
   check            fail if course/ is out of date with solutions/
-  grade FOLDER     autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER, write
-                   feedback to autograder/feedback/ and grades to autograder/grades.csv
+  grade FOLDER [--jobs N] [--no-sandbox]
+                   autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER, N at a
+                   time, each in a bubblewrap sandbox, re-graded in a clean process; write
+                   feedback to autograder/feedback/, grades to autograder/grades.csv and
+                   the class summary to autograder/class-summary.csv and .html
 """
 
 import sys

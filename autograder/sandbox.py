@@ -56,6 +56,8 @@ HIDDEN_MODULES = ("reference.py",)
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")
 PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_")
+#: The bubblewrap program: ``COURSE_BWRAP`` names another (a path, or a name looked up on PATH).
+BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -73,9 +75,9 @@ def install_hint() -> str:
 @functools.lru_cache(maxsize=1)
 def problem() -> str | None:
     """None when a sandbox starts here; else why not (one sentence, with what bwrap said)."""
-    bwrap = shutil.which("bwrap")
+    bwrap = shutil.which(BWRAP)
     if bwrap is None:
-        return "bubblewrap (`bwrap`) is not installed"
+        return f"bubblewrap (`{BWRAP}`) is not installed"
     try:
         done = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
                                "--die-with-parent", "true"], capture_output=True, text=True, timeout=30)
@@ -165,7 +167,7 @@ class Sandbox:
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """The command line that runs ``argv`` inside this sandbox."""
-        bwrap = shutil.which("bwrap") or "bwrap"
+        bwrap = shutil.which(BWRAP) or BWRAP
         args = [bwrap, "--die-with-parent", "--unshare-all", "--ro-bind", "/", "/",
                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
         for device in sorted(Path("/dev").glob("nvidia*")) + [Path("/dev/dri")]:
