@@ -4,7 +4,7 @@ The learner wraps a model so that data parallelism happens during backward:
 
 - construction makes every parameter and buffer equal to rank 0's (a broadcast);
 - the trainable parameters are split into buckets by the rule of
-  :func:`autograder.reference.bucket_layout` (reverse order, close a bucket once it holds
+  :func:`bucket_layout` (reverse order, close a bucket once it holds
   ``bucket_size_mb`` MB or more);
 - a hook on each parameter notes its gradient as ready during backward; once a bucket is
   full its all-reduce starts, asynchronously, while backward goes on;
@@ -39,7 +39,7 @@ from helpers import DDP
 
 from .kit import Attempt, Exercise, Part, fresh_seed, plural
 
-__all__ = ["EXERCISES", "exercise_6_1", "layer_sizes"]
+__all__ = ["EXERCISES", "exercise_6_1", "layer_sizes", "bucket_layout"]
 
 TIMEOUT = 10.0
 # A rank that starts its backward this late shows whether the others wait for the
@@ -59,6 +59,30 @@ def layer_sizes(widths: tuple[int, ...] = WIDTHS) -> list[int]:
     for n_in, n_out in zip(widths, widths[1:]):
         sizes += [n_in * n_out * 4, n_out * 4]
     return sizes
+
+
+def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list[int]]:
+    """Exercise 6.1's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
+
+    ``sizes_in_bytes`` are the trainable parameters' sizes in ``model.parameters()`` order.
+    Walk them in reverse (the order backward produces gradients) and add each to the open
+    bucket; close the bucket as soon as it holds at least ``bucket_size_mb`` MB (MB = 2**20
+    bytes). A parameter larger than the cap fills a bucket by itself.
+
+    >>> bucket_layout([400, 40, 400, 40], 400 / 2**20)
+    [[3, 2], [1, 0]]
+    """
+    cap = bucket_size_mb * 1024 * 1024
+    buckets, current, size = [], [], 0
+    for index in reversed(range(len(sizes_in_bytes))):
+        current.append(index)
+        size += sizes_in_bytes[index]
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 # -- models and data, the same on every process --------------------------------------------
@@ -276,8 +300,6 @@ def _waits(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
 
 
 def _buckets(attempt: Attempt, cases: tuple = ((2, 1e-6), (2, 100 / MB), (3, 300 / MB), (2, 700 / MB), (2, 100.0))) -> None:
-    from .reference import bucket_layout
-
     sizes = layer_sizes()
     for world, mb in cases:
         layout = bucket_layout(sizes, mb)
