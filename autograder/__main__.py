@@ -4,6 +4,8 @@
   check            fail if course/ is out of date with solutions/
   grade FOLDER     autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER, write
                    feedback to autograder/feedback/ and grades to autograder/grades.csv
+  release [DIR]    build the learner distribution (course, helpers, self-checks; no answers,
+                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz
 """
 
 import sys
@@ -21,6 +23,10 @@ def main(argv: list[str]) -> int:
         from .grade import main as grade_main
 
         return grade_main(argv[1:])
+    if argv[0] == "release":
+        from .release import main as release_main
+
+        return release_main(argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}")
     return 2
 
