@@ -20,6 +20,9 @@ set-up cell clones it (``REPOSITORY`` in :mod:`autograder.colab`). It holds:
   ``clean-venv``) and ``.gitignore`` for learners, generated from the main ones, and
   ``MANIFEST.txt``, which lists every file.
 
+A rebuild replaces an earlier release in the same folder but keeps its ``.git``, so the
+folder can be the published repository's checkout.
+
 The build fails, naming the file and the next step, when a kept module imports one that
 is left out, when a lesson module declares no exercise, or when a learner notebook has
 outputs or solution markup.
@@ -87,23 +90,9 @@ def _edit(source: str, edits: list[tuple[tuple[int, int], tuple[int, int], str]]
 def _whole_lines(source: str, first: int, last: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """The span of lines ``first``..``last`` (1-based), with the comment lines right above them."""
     lines = source.splitlines()
-    while first > 1 and lines[first - 2].lstrip().startswith("#"):
+    while first > 1 and lines[first - 2].startswith("#"):
         first -= 1
     return (first, 0), (last + 1, 0)
-
-
-def _defined(stmt: ast.stmt) -> set[str] | None:
-    """The names a top-level statement defines, when it may be dropped; None when it must stay."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {stmt.name}
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
-    names: set[str] = set()
-    for target in targets:
-        parts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
-        if not all(isinstance(p, ast.Name) for p in parts):
-            return None
-        names.update(p.id for p in parts)
-    return names if names and not names & {*ROOT_NAMES, "__all__"} else None
 
 
 def _binds(stmt: ast.stmt) -> set[str]:
@@ -112,6 +101,22 @@ def _binds(stmt: ast.stmt) -> set[str]:
         return {stmt.name}
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _defined(stmt: ast.stmt) -> set[str] | None:
+    """The names a top-level statement defines, when it may be dropped; None when it must stay.
+
+    Definitions and assignments to plain names may go; anything else (``if``, a call, an
+    assignment to an attribute or item), ``EXERCISES`` and ``__all__`` stay.
+    """
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if not all(isinstance(p, ast.Name) for t in targets for p in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+            return None
+    elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return None
+    names = _binds(stmt)
+    return names if names and not names & {*ROOT_NAMES, "__all__"} else None
 
 
 def _used(node: ast.AST) -> set[str]:
@@ -128,8 +133,10 @@ def _bound_by_import(alias: ast.alias, stmt: ast.stmt) -> str:
 
 def _format_import(stmt: ast.ImportFrom | ast.Import, names: list[ast.alias]) -> str:
     """One import statement with only ``names``, wrapped in parentheses when it runs long."""
-    line = ast.unparse(type(stmt)(names=names, module=getattr(stmt, "module", None), level=getattr(stmt, "level", 0)))
-    if len(line) <= 110 or isinstance(stmt, ast.Import):
+    if isinstance(stmt, ast.Import):
+        return ast.unparse(ast.Import(names=names))
+    line = ast.unparse(ast.ImportFrom(module=stmt.module, names=names, level=stmt.level))
+    if len(line) <= 110:
         return line
     head, _, tail = line.partition(" import ")
     wrapped, row = [], f"{head} import ("
@@ -620,9 +627,10 @@ def _replaceable(dest: Path, root: Path) -> None:
     """Refuse a place that is not new, empty or an earlier release, or that lies inside what ships."""
     if dest.exists() and not dest.is_dir():
         raise ReleaseError(f"{dest} exists and is not a folder; choose another place for the release.")
-    if dest.is_dir() and any(dest.iterdir()) and not (dest / "MANIFEST.txt").is_file():
+    if dest.is_dir() and any(p.name != ".git" for p in dest.iterdir()) and not (dest / "MANIFEST.txt").is_file():
         raise ReleaseError(f"{dest} holds files but no MANIFEST.txt, so it is not an earlier release, and building "
-                           "there would delete them. Choose a new or empty folder.")
+                           "there would delete them. Choose a new or empty folder (a git checkout with no files "
+                           "besides .git will do).")
     for source in ("course", "helpers", "autograder"):
         if (root / source).resolve() in dest.resolve().parents:
             raise ReleaseError(f"{dest} is inside {root / source}, which the release copies from; build it "
@@ -632,7 +640,9 @@ def _replaceable(dest: Path, root: Path) -> None:
 def build(dest: Path, root: Path = ROOT) -> Path:
     """Build the learner distribution into ``dest`` (replacing an earlier release there) and ``dest.tar.gz``.
 
-    Returns ``dest``. Raises :class:`ReleaseError` when what would ship is not right.
+    A ``.git`` folder in ``dest`` is kept, so ``dest`` can stay a checkout of the published
+    learner repository: build, then commit and push there. Returns ``dest``. Raises
+    :class:`ReleaseError` when what would ship is not right.
     """
     dest = Path(dest).absolute()
     _replaceable(dest, root)
@@ -642,6 +652,8 @@ def build(dest: Path, root: Path = ROOT) -> Path:
         _write(staging, _contents(root))
         _check_imports(staging, root)
         _check_no_markup(staging)
+        if (dest / ".git").exists():
+            (dest / ".git").rename(staging / ".git")
         if dest.exists():
             shutil.rmtree(dest)
         staging.rename(dest)

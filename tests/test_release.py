@@ -218,6 +218,19 @@ def test_release_will_not_replace_a_folder_that_is_not_a_release(tmp_path):
     assert keep.read_text() == "mine"
 
 
+def test_a_rebuild_keeps_the_published_checkout(tmp_path):
+    """Does building again into an earlier release keep its .git (the published repository's
+    checkout), replace the files, and leave .git out of MANIFEST.txt?"""
+    out = build(tmp_path / "learner-course")
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "course" / "stale.txt").write_text("from an earlier release")
+    build(out)
+    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert not (out / "course" / "stale.txt").exists()
+    assert not [n for n in (out / "MANIFEST.txt").read_text().splitlines() if n.startswith(".git/")]
+
+
 def test_a_kept_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
     """When a self-check imports autograder.reference, does the build stop and name the file and line?"""
     copy = tmp_path / "checkout"
