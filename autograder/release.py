@@ -33,6 +33,7 @@ Example::
     >>> out = build(pathlib.Path(tempfile.mkdtemp()) / "learner-course")
     >>> (out / "autograder" / "reference.py").exists(), (out / "autograder" / "lesson04.py").exists()
     (False, True)
+    >>> shutil.rmtree(out.parent)
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def _defined(stmt: ast.stmt) -> set[str] | None:
     """
     if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        if not all(isinstance(p, ast.Name) for t in targets for p in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+        parts = [p for t in targets for p in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+        if not all(isinstance(p, ast.Name) for p in parts):
             return None
     elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return None
@@ -172,9 +174,11 @@ def _prune_once(source: str) -> str:
     """Drop the top-level definitions nothing kept reaches, and imports nothing uses; fix ``__all__``."""
     tree = ast.parse(source)
     body = [s for s in tree.body if not (s is tree.body[0] and _is_docstring(s))]
-    imports = [s for s in body if isinstance(s, (ast.Import, ast.ImportFrom)) and getattr(s, "module", "") != "__future__"]
+    imports = [s for s in body
+               if isinstance(s, (ast.Import, ast.ImportFrom)) and getattr(s, "module", "") != "__future__"]
     droppable = {id(s): _defined(s) for s in body if s not in imports}
-    exported = [s for s in body if isinstance(s, ast.Assign) and [getattr(t, "id", "") for t in s.targets] == ["__all__"]]
+    exported = [s for s in body
+                if isinstance(s, ast.Assign) and [getattr(t, "id", "") for t in s.targets] == ["__all__"]]
     todo = set().union(*(_used(s) for s in body if droppable.get(id(s)) is None and s not in imports + exported))
     live: set[str] = set()
     while todo:
@@ -217,7 +221,8 @@ def _with_stub_import(source: str, module: str) -> str:
         stmt = from_kit[0]
         names = sorted([*stmt.names, ast.alias(name=STUB)], key=lambda a: a.name)
         return _edit(source, [((stmt.lineno, 0), (stmt.end_lineno + 1, 0), _format_import(stmt, names) + "\n")])
-    last = max((s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))), key=lambda s: s.end_lineno, default=None)
+    imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+    last = max(imports, key=lambda s: s.end_lineno, default=None)
     if last is None:
         raise ReleaseError(f"autograder/{module}.py imports nothing from autograder.kit; a lesson module declares "
                            "its exercises with kit's Exercise and Part.")
@@ -426,12 +431,14 @@ def learner_pyproject(main: dict) -> str:
     return (
         "# The learner course's package: the helpers and the exercises' self-checks.\n"
         "# Written by `python -m autograder release` from the course's main pyproject.toml.\n"
-        f"[build-system]\nrequires = {json.dumps(build['requires'])}\nbuild-backend = {json.dumps(build['build-backend'])}\n\n"
+        f"[build-system]\nrequires = {json.dumps(build['requires'])}\n"
+        f"build-backend = {json.dumps(build['build-backend'])}\n\n"
         f"[project]\nname = {json.dumps(project['name'])}\nversion = {json.dumps(project['version'])}\n"
         f"description = {json.dumps(project['description'])}\nreadme = \"README.md\"\n"
         f"requires-python = {json.dumps(project['requires-python'])}\n"
         f"dependencies = {_toml_list(project['dependencies'])}\n\n"
-        f"[project.optional-dependencies]\n# What `make lab` installs: JupyterLab, and nbgrader for its Validate button.\n"
+        "[project.optional-dependencies]\n"
+        "# What `make lab` installs: JupyterLab, and nbgrader for its Validate button.\n"
         f"course = {_toml_list(extra)}\n\n"
         '[tool.setuptools.packages.find]\nwhere = ["."]\ninclude = ["helpers*", "autograder*"]\n'
     )
@@ -453,7 +460,8 @@ def learner_environment(main: dict, env_name: str) -> str:
 
 
 # The main Makefile's paragraphs the learner's one is made of, by how their first line starts.
-_MAKE_PARAGRAPHS = ("PYTHON ", "VENV_PY :=", "venv:", "$(VENV_PY):", "$(STAMP):", "ALLOW_ROOT :=", "lab:", "clean-venv:")
+_MAKE_PARAGRAPHS = ("PYTHON ", "VENV_PY :=", "venv:", "$(VENV_PY):", "$(STAMP):", "ALLOW_ROOT :=", "lab:",
+                    "clean-venv:")
 _MAKE_HEADER = """\
 # The learner course. `make lab` opens it in JupyterLab, building the virtual environment
 # in $(VENV) on first use; `make clean-venv` removes it. Overridable: PYTHON, VENV,
@@ -472,10 +480,12 @@ def learner_makefile(main: str) -> str:
     paragraphs = re.split(r"\n[ \t]*\n", main)
     chosen = []
     for head in _MAKE_PARAGRAPHS:
-        found = [p for p in paragraphs if next((line for line in p.splitlines() if not line.startswith("#")), "").startswith(head)]
+        found = [p for p in paragraphs
+                 if next((line for line in p.splitlines() if not line.startswith("#")), "").startswith(head)]
         if len(found) != 1:
-            raise ReleaseError(f"the main Makefile has {len(found)} paragraphs starting with {head!r} (expected one); "
-                               "autograder/release.py copies the learner's rules from it. Update _MAKE_PARAGRAPHS there.")
+            raise ReleaseError(f"the main Makefile has {len(found)} paragraphs starting with {head!r} (expected "
+                               "one); autograder/release.py copies the learner's rules from it. Update "
+                               "_MAKE_PARAGRAPHS there.")
         chosen.append(found[0].strip("\n"))
     lines = [line for line in chosen[0].splitlines() if not line.startswith("PYTEST_ARGS")]
     chosen[0] = "\n".join(lines)

@@ -91,7 +91,8 @@ def _hidden_and_visible(module: str) -> tuple[set[str], set[str]]:
     declared: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Part":
-            checks.append(next((k.value for k in node.keywords if k.arg == "check"), node.args[3] if len(node.args) > 3 else None))
+            positional = node.args[3] if len(node.args) > 3 else None
+            checks.append(next((k.value for k in node.keywords if k.arg == "check"), positional))
     check_nodes = {id(n) for c in checks for n in ast.walk(c)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exercise":
@@ -241,8 +242,8 @@ def test_a_kept_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
     lesson = copy / "autograder" / "lesson00.py"
     text = lesson.read_text()
     assert "def _self_check(attempt: Attempt) -> str:\n" in text
-    lesson.write_text(text.replace("def _self_check(attempt: Attempt) -> str:\n",
-                                   "def _self_check(attempt: Attempt) -> str:\n    from .reference import chunk_bounds\n"))
+    uses_reference = "def _self_check(attempt: Attempt) -> str:\n    from .reference import chunk_bounds\n"
+    lesson.write_text(text.replace("def _self_check(attempt: Attempt) -> str:\n", uses_reference))
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
     with pytest.raises(ReleaseError, match=r"autograder/lesson00\.py line \d+ imports autograder\.reference"):
         build(tmp_path / "out", root=copy)
