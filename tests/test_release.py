@@ -154,7 +154,8 @@ def test_learner_project_files_follow_the_main_ones(release):
 
 def test_learner_makefile_builds_the_venv_and_starts_the_lab(release):
     """Does the learner Makefile's `lab` install the `course` extra and start JupyterLab on course/,
-    with --allow-root exactly when run as root? (make -n: printed, not run)"""
+    with --allow-root exactly when run as root? (make -n: printed, not run. Running it would build
+    a venv with torch and JupyterLab, minutes of work; tests/test_colab.py installs the release.)"""
     done = subprocess.run(["make", "-n", "lab"], cwd=release, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "-m pip install -q -e '.[course]'" in done.stdout, done.stdout
