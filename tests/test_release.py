@@ -20,6 +20,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 from nbclient import NotebookClient
 
 from autograder.release import ReleaseError, build
@@ -137,8 +142,6 @@ def test_manifest_and_archive_list_every_file(release):
 def test_learner_project_files_follow_the_main_ones(release):
     """Do the learner's pyproject.toml and environment.yml ask for the main runtime dependencies and
     the `course` extra (JupyterLab, nbgrader for Validate), and nothing of the test extras?"""
-    import tomllib
-
     main = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     learner = tomllib.loads((release / "pyproject.toml").read_text())
     assert learner["project"]["dependencies"] == main["dependencies"]
