@@ -10,6 +10,7 @@
 #   PYTEST_ARGS extra arguments for pytest
 #   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
 #   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
+#   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -21,7 +22,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp bench-ring course grade instructor clean-venv
+.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp bench-ring course grade instructor release clean-venv
 
 venv: $(STAMP)
 
@@ -116,6 +117,13 @@ grade: venv
 instructor: venv
 	$(SAY_ROOT)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(LAB_ARGS)
+
+# Instructor: the learner distribution (course/, helpers, self-checks; no solutions or hidden
+# tests) as a folder to publish as its own repository, and RELEASE_DIR.tar.gz next to it.
+RELEASE_DIR ?= dist/learner-course
+
+release: venv
+	$(VENV_PY) -m autograder release $(RELEASE_DIR)
 
 clean-venv:
 	rm -rf $(VENV)

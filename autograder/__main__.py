@@ -7,6 +7,8 @@
                    time, each in a bubblewrap sandbox, re-graded in a clean process; write
                    feedback to autograder/feedback/, grades to autograder/grades.csv and
                    the class summary to autograder/class-summary.csv and .html
+  release [DIR]    build the learner distribution (course, helpers, self-checks; no answers,
+                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz
 """
 
 import sys
@@ -24,6 +26,10 @@ def main(argv: list[str]) -> int:
         from .grade import main as grade_main
 
         return grade_main(argv[1:])
+    if argv[0] == "release":
+        from .release import main as release_main
+
+        return release_main(argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}")
     return 2
 

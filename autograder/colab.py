@@ -12,8 +12,11 @@ Colab's servers: ``COURSE_REPO`` (another address to clone, for example ``file:/
 and ``COURSE_HOME`` (where the clone goes; default ``distributed-course`` in the folder the
 notebook starts in, which is ``/content`` on Colab).
 
-Publishing the course: set :data:`REPOSITORY` to the public address of the repository
-your learners clone (the whole course, or the learner distribution), then ``make course``.
+Publishing the course: :data:`REPOSITORY` is the learner distribution, the repository
+published from what ``make release`` builds (course, helpers and self-checks, without
+solutions or hidden tests), never this instructor repository. Set it to that repository's
+GitHub address, then run ``make course`` and ``make release`` again, so that the
+notebooks inside the release carry the address too.
 
 Example::
 
@@ -30,8 +33,9 @@ import re
 
 __all__ = ["REPOSITORY", "BRANCH", "BADGE_ID", "SETUP_ID", "colab_cells", "colab_url"]
 
-# Where learners' Colab runtimes clone the course from. Change it to your course's public
-# repository before you publish, then run `make course`.
+# Where learners' Colab runtimes clone the course from: the learner distribution built by
+# `make release` and published as its own repository. Set it before you publish, then run
+# `make course` (and `make release` again).
 REPOSITORY = "https://github.com/distributed-course/distributed-course"
 BRANCH = "main"
 

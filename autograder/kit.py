@@ -63,6 +63,8 @@ __all__ = [
     "by_world_size",
     "silent_ranks",
     "SELF_CHECK",
+    "HIDDEN_CHECK",
+    "HiddenTestUnavailable",
 ]
 
 SELF_CHECK = "self-check"  # the part name feedback shows for the visible self-check
@@ -184,7 +186,7 @@ def _course_faults(ex: Exercise, part: str) -> Iterator[None]:
     """Let GradingFailure and CheckError through; report any other exception as the course's fault."""
     try:
         yield
-    except (GradingFailure, CheckError):
+    except (GradingFailure, CheckError, HiddenTestUnavailable):
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is a bug in the check itself
         frames = traceback.format_tb(exc.__traceback__)[-2:]
@@ -228,6 +230,37 @@ class Attempt:
     def fail(self, text: str) -> NoReturn:
         """Raise GradingFailure with ``text``, after the part's name (``"correct: ..."``)."""
         raise GradingFailure(f"{self.part}: {text}")
+
+
+class HiddenTestUnavailable(RuntimeError):
+    """A graded part's hidden test was asked for in the learner distribution, which has none."""
+
+
+def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the constant it stands in for
+    """The check of every graded part in the learner distribution: it says the hidden test is not here.
+
+    ``python -m autograder release`` (see :mod:`autograder.release`) writes each lesson's
+    module with this function in place of every ``Part``'s own check, so learners keep the
+    exercises' parts, points and visible self-checks while the hidden tests stay with the
+    instructor. It raises :class:`HiddenTestUnavailable`, naming the exercise, the part and
+    the self-check to run instead; the kit passes it on as it is, not as a fault of the course.
+
+    >>> ex = Exercise(number="9.1", function="answer", title="the answer",
+    ...               parts=(Part("correct", 1, "returns 42 on every rank.", HIDDEN_CHECK),))
+    >>> try:
+    ...     ex.grade(lambda rank, world_size: 42, "correct")
+    ... except HiddenTestUnavailable as err:
+    ...     print(str(err).splitlines()[0])
+    Exercise 9.1, part "correct": this copy of the course has no hidden tests.
+    """
+    ex = attempt.exercise
+    instead = (f"To check `{ex.function}` now, run its visible self-check: "
+               f'exercise("{ex.number}").self_check({ex.function}).' if ex.visible_check is not None else
+               "This exercise has no visible self-check: run the lesson's cells that use it.")
+    raise HiddenTestUnavailable(
+        f'{ex.label}, part "{attempt.part}": this copy of the course has no hidden tests.\n'
+        "Hidden tests run only when your instructor grades the notebook you hand in. " + instead
+    )
 
 
 # -- the registry ------------------------------------------------------------------------

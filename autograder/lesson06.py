@@ -61,6 +61,30 @@ def layer_sizes(widths: tuple[int, ...] = WIDTHS) -> list[int]:
     return sizes
 
 
+def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list[int]]:
+    """Exercise 6.1's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
+
+    ``sizes_in_bytes`` are the trainable parameters' sizes in ``model.parameters()`` order.
+    Walk them in reverse (the order backward produces gradients) and add each to the open
+    bucket; close the bucket as soon as it holds at least ``bucket_size_mb`` MB (MB = 2**20
+    bytes). A parameter larger than the cap fills a bucket by itself.
+
+    >>> bucket_layout([400, 40, 400, 40], 400 / 2**20)
+    [[3, 2], [1, 0]]
+    """
+    cap = bucket_size_mb * 1024 * 1024
+    buckets, current, size = [], [], 0
+    for index in reversed(range(len(sizes_in_bytes))):
+        current.append(index)
+        size += sizes_in_bytes[index]
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 # -- models and data, the same on every process --------------------------------------------
 
 
@@ -273,30 +297,6 @@ def _waits(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
             hint=" The other ranks read their buckets before the all-reduce had finished: wait for each "
                  "all-reduce's work (work.wait()) before dividing and copying the result back.",
         )
-
-
-def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list[int]]:
-    """Exercise 6.1's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
-
-    ``sizes_in_bytes`` are the trainable parameters' sizes in ``model.parameters()`` order.
-    Walk them in reverse (the order backward produces gradients) and add each to the open
-    bucket; close the bucket as soon as it holds at least ``bucket_size_mb`` MB (MB = 2**20
-    bytes). A parameter larger than the cap fills a bucket by itself.
-
-    >>> bucket_layout([400, 40, 400, 40], 400 / 2**20)
-    [[3, 2], [1, 0]]
-    """
-    cap = bucket_size_mb * 1024 * 1024
-    buckets, current, size = [], [], 0
-    for index in reversed(range(len(sizes_in_bytes))):
-        current.append(index)
-        size += sizes_in_bytes[index]
-        if size >= cap:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def _buckets(attempt: Attempt, cases: tuple = ((2, 1e-6), (2, 100 / MB), (3, 300 / MB), (2, 700 / MB), (2, 100.0))) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from autograder.lesson06 import bucket_layout  # the bucket rule: the check and the notebook state it too
+# The bucket rule is the exercise's statement, not its answer: learners get it too.
+from autograder.lesson06 import bucket_layout  # absolute: this file is also imported as plain `reference`
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
            "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]

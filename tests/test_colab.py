@@ -4,9 +4,11 @@ Colab gives a notebook a Python with torch, ipykernel, ipywidgets and matplotlib
 root, and nothing of this course. The test builds exactly that in a fresh virtual
 environment, marks it as Colab the way Colab's own kernel is marked (the module
 ``google.colab`` is imported at start-up: here a one-line stand-in, imported by a ``.pth``
-file), and runs finished learner notebooks from ``course/`` in it with nbclient, without
-``make``. Their first cell must clone the course (from a snapshot of this checkout, through
-``COURSE_REPO``), install the helpers with pip, and every later cell must run.
+file), and runs finished learner notebooks in it with nbclient, without ``make``. What the
+cell clones (through ``COURSE_REPO``) is the learner distribution, built by ``python -m
+autograder release`` and committed in a repository of its own as an instructor publishes
+it, and the notebooks are the release's: the Colab route must work from the release alone.
+Their first cell must clone it and install it with pip, and every later cell must run.
 
 Installing the environment downloads nothing on the course's reference machine (torch
 comes from the local wheel that ``TORCH_SPEC`` names elsewhere too); set
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,14 +60,11 @@ def colab(tmp_path_factory):
     (site / "colab_marker.pth").write_text("import google.colab\n")
     _run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL])
 
-    # What the learners clone: this checkout's files as they would be published (tracked
-    # and new files, nothing git ignores), committed on `main` in a repository of its own.
+    # What the learners clone: the learner distribution, committed on `main` in a repository
+    # of its own, as an instructor publishes it.
     source = base / "published"
-    files = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).split("\0")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    _run([sys.executable, "-m", "autograder", "release", str(source)], cwd=ROOT,
+         env={**os.environ, "PYTHONPATH": str(ROOT)})
     git = ["git", "-c", "user.name=course", "-c", "user.email=course@localhost"]
     _run([*git, "init", "-q", "-b", "main"], cwd=source)
     _run([*git, "add", "-A"], cwd=source)
@@ -74,12 +72,13 @@ def colab(tmp_path_factory):
 
     content = base / "content"
     content.mkdir()
-    return {"python": python, "share": env_dir / "share" / "jupyter", "repo": f"file://{source}", "content": content}
+    return {"python": python, "share": env_dir / "share" / "jupyter", "repo": f"file://{source}", "content": content,
+            "release": source}
 
 
-def _finished(lesson: str) -> nbformat.NotebookNode:
-    """The learner notebook of ``lesson`` with every answer cell filled in from solutions/."""
-    learner = nbformat.read(ROOT / "course" / lesson / f"{lesson}.ipynb", as_version=4)
+def _finished(release: Path, lesson: str) -> nbformat.NotebookNode:
+    """The released learner notebook of ``lesson`` with every answer cell filled in from solutions/."""
+    learner = nbformat.read(release / "course" / lesson / f"{lesson}.ipynb", as_version=4)
     solved = nbformat.read(ROOT / "solutions" / lesson / f"{lesson}.ipynb", as_version=4)
     answers = {c.metadata.nbgrader["grade_id"]: c.source for c in solved.cells
                if c.metadata.get("nbgrader", {}).get("solution")}
@@ -106,7 +105,7 @@ def test_learner_notebook_runs_on_colab_from_its_first_cell(colab, lesson, monke
     monkeypatch.setenv("COURSE_REPO", colab["repo"])
     monkeypatch.delenv("COURSE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(colab["content"]))  # nothing of the test machine's user settings
-    nb = _finished(lesson)
+    nb = _finished(colab["release"], lesson)
     assert nb.cells[1].id == "colab-setup", "the learner notebook does not start with the Colab set-up cell"
     client = NotebookClient(nb, timeout=240, kernel_name=KERNEL, allow_errors=False,
                             resources={"metadata": {"path": str(colab["content"])}})
@@ -114,6 +113,7 @@ def test_learner_notebook_runs_on_colab_from_its_first_cell(colab, lesson, monke
 
     home = colab["content"] / "distributed-course"
     assert f"Colab: the course is installed in {home}" in _text(nb.cells[1]), _text(nb.cells[1])
+    assert (home / "MANIFEST.txt").is_file() and not (home / "solutions").exists(), "the clone is not the release"
     check = json.loads(_text(nb.cells[-1]).split("COLAB-CHECK ", 1)[1])
     assert check["helpers"].startswith(str(home)), check
     assert check["cwd"] == str(home / "course" / lesson), check

@@ -1,0 +1,333 @@
+"""The learner distribution (`make release`): the course and its self-checks, and no answers.
+
+Each test builds on one release made by ``python -m autograder release`` into a temporary
+folder, and reads or runs it as learners get it: no mocks. The runs load the course from
+the release alone (``PYTHONPATH`` at it, this checkout's editable install switched off), so
+a self-check that still needed something left behind would fail here.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from nbclient import NotebookClient
+
+from autograder.release import ReleaseError, build
+from autograder.scratch import solution_source
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON_MODULES = sorted(p.stem for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py"))
+MARKUP = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+# Lines of solution cells that ship anyway, and why that gives nothing away.
+SHARED_LINES = {
+    '"world_size": "WORLD_SIZE", "local_world_size": "LOCAL_WORLD_SIZE"}':
+        "lesson01's self-check names the variable to read when a key is wrong; lesson 01's table teaches them",
+    "F.cross_entropy(model(x), y).backward()": "the checks' own training step, shown in lesson 06 too",
+    "opt = torch.optim.SGD(model.parameters(), lr=LR)": "the checks' own optimiser for lessons 05 and 07",
+}
+# Switches this checkout's editable install off in a child Python, so that only the release
+# can provide `autograder` and `helpers` (its finder would serve modules the release lacks).
+ISOLATE = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+           "if not getattr(f, '__module__', '').startswith('__editable__')]\n")
+
+
+def _release_env(release: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(release)}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    """The learner course, built by the command an instructor runs."""
+    out = tmp_path_factory.mktemp("published") / "learner-course"
+    done = subprocess.run([sys.executable, "-m", "autograder", "release", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, f"release failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    assert f"Learner course written to {out}" in done.stdout, done.stdout
+    return out
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def _top_level_definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    found: dict[str, ast.stmt] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+            found[stmt.name] = stmt
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                found.update((n.id, stmt) for n in ast.walk(target) if isinstance(n, ast.Name))
+    return found
+
+
+def _reach(names: set[str], definitions: dict[str, ast.stmt]) -> set[str]:
+    """The top-level definitions ``names`` lead to, following every name their code uses."""
+    seen: set[str] = set()
+    todo = [n for n in names if n in definitions]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [n.id for n in ast.walk(definitions[name]) if isinstance(n, ast.Name) and n.id in definitions]
+    return seen
+
+
+def _hidden_and_visible(module: str) -> tuple[set[str], set[str]]:
+    """For an instructor lesson module: the definitions only hidden parts reach, and those the rest reaches."""
+    tree = ast.parse((ROOT / "autograder" / f"{module}.py").read_text())
+    definitions = _top_level_definitions(tree)
+    checks: list[ast.expr] = []
+    declared: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Part":
+            positional = node.args[3] if len(node.args) > 3 else None
+            checks.append(next((k.value for k in node.keywords if k.arg == "check"), positional))
+    check_nodes = {id(n) for c in checks for n in ast.walk(c)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exercise":
+            declared |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in check_nodes}
+    hidden = _reach({n.id for c in checks for n in ast.walk(c) if isinstance(n, ast.Name)}, definitions)
+    visible = _reach(declared, definitions)
+    return hidden - visible, visible
+
+
+# -- what is in it --------------------------------------------------------------------------
+
+
+def test_release_holds_the_course_helpers_and_self_checks(release):
+    """Does the release hold the learner notebooks as committed, all of helpers/, the self-check
+    modules and the learner's project files, and nothing else?"""
+    files = _files(release)
+    notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "course").glob("*/*.ipynb"))
+    helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").glob("*.py"))
+    autograder = sorted(f"autograder/{m}.py" for m in ["__init__", "kit", "harness", *LESSON_MODULES])
+    project = [".gitignore", "MANIFEST.txt", "Makefile", "README.md", "environment.yml", "pyproject.toml"]
+    assert len(notebooks) >= 9 and "helpers/ring.py" in helpers and len(LESSON_MODULES) >= 9
+    assert files == sorted(notebooks + helpers + autograder + project), (
+        f"unexpected: {sorted(set(files) - set(notebooks + helpers + autograder + project))}; "
+        f"missing: {sorted(set(notebooks + helpers + autograder + project) - set(files))}"
+    )
+    for name in notebooks + helpers:
+        assert (release / name).read_bytes() == (ROOT / name).read_bytes(), f"{name} differs from the checkout's"
+
+
+def test_manifest_and_archive_list_every_file(release):
+    """Does MANIFEST.txt name exactly the release's files, and the .tar.gz hold exactly those?"""
+    files = _files(release)
+    assert (release / "MANIFEST.txt").read_text().splitlines() == files
+    assert not [f for f in files if re.search(r"__pycache__|\.ipynb_checkpoints|\.py[cod]$", f)]
+    with tarfile.open(release.parent / "learner-course.tar.gz") as tar:
+        members = sorted(m.name for m in tar.getmembers() if m.isfile())
+        assert members == [f"learner-course/{f}" for f in files]
+        kit = tar.extractfile("learner-course/autograder/kit.py").read()
+    assert kit == (release / "autograder" / "kit.py").read_bytes()
+
+
+def test_learner_project_files_follow_the_main_ones(release):
+    """Do the learner's pyproject.toml and environment.yml ask for the main runtime dependencies and
+    the `course` extra (JupyterLab, nbgrader for Validate), and nothing of the test extras?"""
+    main = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    learner = tomllib.loads((release / "pyproject.toml").read_text())
+    assert learner["project"]["dependencies"] == main["dependencies"]
+    assert learner["project"]["optional-dependencies"] == {"course": main["optional-dependencies"]["course"]}
+    assert learner["tool"]["setuptools"]["packages"]["find"]["include"] == ["helpers*", "autograder*"]
+    pip = [line.strip()[2:] for line in (release / "environment.yml").read_text().splitlines()
+           if line.startswith("      - ")]
+    assert pip == [*main["dependencies"], *main["optional-dependencies"]["course"], "-e ."]
+    readme = (release / "README.md").read_text()
+    for route in ("make lab", "conda env create -f environment.yml", "Open in Colab", "Validate"):
+        assert route in readme, f"the learner README does not mention {route!r}"
+
+
+def test_learner_makefile_builds_the_venv_and_starts_the_lab(release):
+    """Does the learner Makefile's `lab` install the `course` extra and start JupyterLab on course/,
+    with --allow-root exactly when run as root? (make -n: printed, not run. Running it would build
+    a venv with torch and JupyterLab, minutes of work; tests/test_colab.py installs the release.)"""
+    done = subprocess.run(["make", "-n", "lab"], cwd=release, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "-m pip install -q -e '.[course]'" in done.stdout, done.stdout
+    lab = [line for line in done.stdout.splitlines() if "jupyter lab course/" in line]
+    assert len(lab) == 1, done.stdout
+    assert ("--allow-root" in lab[0]) == (os.geteuid() == 0), lab[0]
+    clean = subprocess.run(["make", "-n", "clean-venv"], cwd=release, capture_output=True, text=True)
+    assert clean.stdout.strip() == "rm -rf .venv", clean.stdout
+
+
+# -- what is not in it ----------------------------------------------------------------------
+
+
+def test_no_solution_text_reaches_the_release(release):
+    """Is no file of solutions/, no reference.py, no nbgrader markup and no line of a solution
+    (longer than 30 characters, not shown in the learner notebooks) anywhere in the release?"""
+    texts = {name: (release / name).read_text(errors="replace") for name in _files(release)}
+    instructor_only = {p.read_bytes() for p in (ROOT / "solutions").rglob("*") if p.is_file()}
+    instructor_only.add((ROOT / "autograder" / "reference.py").read_bytes())
+    assert not [n for n in texts if (release / n).read_bytes() in instructor_only or n.endswith("reference.py")]
+    assert not [(n, m) for n, t in texts.items() for m in MARKUP if m in t]
+    shown = {line.strip() for p in (ROOT / "course").glob("*/*.ipynb")
+             for c in json.loads(p.read_text())["cells"] for line in "".join(c["source"]).splitlines()}
+    answers = set()
+    for path in (ROOT / "solutions").glob("*/*.ipynb"):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+                answers |= {line.strip() for line in "".join(cell["source"]).splitlines()
+                            if len(line.strip()) > 30 and not any(m in line for m in MARKUP)}
+    secret = answers - shown
+    assert len(secret) > 50, f"only {len(secret)} solution lines to look for: is solutions/ read right?"
+    assert set(SHARED_LINES) <= secret, "a line of SHARED_LINES is no longer in a solution: remove it there"
+    leaked = sorted((line, n) for line in secret - set(SHARED_LINES) for n, t in texts.items() if line in t)
+    assert not leaked, f"solution lines in the release: {leaked}"
+
+
+@pytest.mark.parametrize("module", LESSON_MODULES)
+def test_what_only_hidden_tests_use_is_left_out(release, module):
+    """Does the release's lessonNN.py lack every function and constant that only the hidden parts
+    reach, keep everything the self-checks reach, and give every part the HIDDEN_CHECK stub?"""
+    hidden_only, visible = _hidden_and_visible(module)
+    tree = ast.parse((release / "autograder" / f"{module}.py").read_text())
+    shipped = set(_top_level_definitions(tree))
+    assert not hidden_only & shipped, f"{module}: hidden-test code in the release: {sorted(hidden_only & shipped)}"
+    assert visible <= shipped, f"{module}: the self-checks need {sorted(visible - shipped)}, which did not ship"
+    parts = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Part"]
+    assert parts and all(ast.unparse(p.args[3]) == "HIDDEN_CHECK" for p in parts)
+    if module == "lesson04":  # the brief's example: shared with the self-check stays, hidden-only goes
+        assert {"_correct", "_bandwidth"} <= shipped and {"_no_hang", "_point_to_point", "STEP_CASES"} <= hidden_only
+
+
+# -- the build's own guards -------------------------------------------------------------------
+
+
+def test_release_will_not_replace_a_folder_that_is_not_a_release(tmp_path):
+    """Does building into a folder of other files stop, say why, and leave the files alone?"""
+    keep = tmp_path / "notes" / "keep.txt"
+    keep.parent.mkdir()
+    keep.write_text("mine")
+    with pytest.raises(ReleaseError, match="no MANIFEST.txt"):
+        build(keep.parent)
+    assert keep.read_text() == "mine"
+
+
+def test_a_rebuild_keeps_the_published_checkout(tmp_path):
+    """Does building again into an earlier release keep its .git (the published repository's
+    checkout), replace the files, and leave .git out of MANIFEST.txt?"""
+    out = build(tmp_path / "learner-course")
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "course" / "stale.txt").write_text("from an earlier release")
+    build(out)
+    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert not (out / "course" / "stale.txt").exists()
+    assert not [n for n in (out / "MANIFEST.txt").read_text().splitlines() if n.startswith(".git/")]
+
+
+def test_a_kept_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
+    """When a self-check imports autograder.reference, does the build stop and name the file and line?"""
+    copy = tmp_path / "checkout"
+    for folder in ("course", "helpers", "autograder"):
+        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "Makefile", "environment.yml"):
+        shutil.copy2(ROOT / name, copy / name)
+    lesson = copy / "autograder" / "lesson00.py"
+    text = lesson.read_text()
+    assert "def _self_check(attempt: Attempt) -> str:\n" in text
+    uses_reference = "def _self_check(attempt: Attempt) -> str:\n    from .reference import chunk_bounds\n"
+    lesson.write_text(text.replace("def _self_check(attempt: Attempt) -> str:\n", uses_reference))
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
+    with pytest.raises(ReleaseError, match=r"autograder/lesson00\.py line \d+ imports autograder\.reference"):
+        build(tmp_path / "out", root=copy)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout"], "the failed build left files behind"
+
+
+# -- running it ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_self_check_runs_and_hidden_tests_say_they_are_not_there(release):
+    """From the release alone: are the exercises declared as the instructor's (parts, points, rules),
+    does Exercise 4.4's self-check pass the instructor's ring, and does grade() say the hidden test is
+    not there?"""
+    from autograder.kit import exercises
+
+    probe = ISOLATE + f"""
+import importlib.util, json
+import autograder, helpers
+from autograder import exercise, exercises
+from autograder.kit import HiddenTestUnavailable
+try:
+    import autograder.reference
+    reference_importable = True
+except ModuleNotFoundError:
+    reference_importable = False
+spec = importlib.util.spec_from_file_location("instructor_reference", {str(ROOT / "autograder" / "reference.py")!r})
+ref = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ref)
+exercise("4.4").self_check(ref.ring_allreduce)
+try:
+    exercise("4.4").grade(ref.ring_allreduce, "correct")
+    graded = "no error"
+except HiddenTestUnavailable as err:
+    graded = str(err)
+declared = [[e.number, e.function, e.title, [[p.name, p.points, p.says, p.check.__name__] for p in e.parts],
+             list(e.forbid), e.forbid_reason, e.visible_check.__name__] for e in exercises()]
+print("PROBE " + json.dumps({{"files": [autograder.__file__, helpers.__file__], "graded": graded,
+                             "reference_importable": reference_importable, "declared": declared}}))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], cwd=release, env=_release_env(release),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "Self-check passed" in done.stdout, done.stdout
+    got = json.loads(done.stdout.split("PROBE ", 1)[1])
+    assert all(f.startswith(str(release)) for f in got["files"]), got["files"]
+    assert not got["reference_importable"], "autograder.reference can be imported from the release"
+    assert 'Exercise 4.4, part "correct": this copy of the course has no hidden tests.' in got["graded"], got["graded"]
+    assert 'exercise("4.4").self_check(ring_allreduce)' in got["graded"], got["graded"]
+    want = [[e.number, e.function, e.title, [[p.name, p.points, p.says, "HIDDEN_CHECK"] for p in e.parts],
+             list(e.forbid), e.forbid_reason, e.visible_check.__name__] for e in exercises()]
+    assert got["declared"] == want
+
+
+@pytest.mark.slow
+def test_learner_notebook_runs_from_the_release(release):
+    """Does lesson 00, answered, run top to bottom from the release folder, with its self-check
+    passing and every course module loaded from the release, none from this checkout?"""
+    lesson = "00-getting-started"
+    folder = release / "course" / lesson
+    nb = nbformat.read(folder / f"{lesson}.ipynb", as_version=4)
+    answered = 0
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.cell_type == "code":
+            cell.source = solution_source(lesson, meta["grade_id"])
+            answered += 1
+    assert answered == 1
+    nb.cells.insert(0, nbformat.v4.new_code_cell(ISOLATE))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import json, sys\n"
+        "files = {name: getattr(m, '__file__', None) or '' for name, m in list(sys.modules.items())}\n"
+        "print('LOADED ' + json.dumps(sorted(f for name, f in files.items() if name.split('.')[0] in "
+        f"('autograder', 'helpers') or f.startswith({str(ROOT)!r}))))"
+    ))
+    client = NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": str(folder)}})
+    client.execute(env=_release_env(release))
+    out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "Self-check passed" in out, out[-2000:]
+    loaded = json.loads(out.split("LOADED ", 1)[1].splitlines()[0])
+    assert any(f.endswith("autograder/lesson00.py") for f in loaded), loaded
+    assert all(f.startswith(str(release)) for f in loaded), f"loaded from outside the release: {loaded}"
