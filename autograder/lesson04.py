@@ -45,7 +45,7 @@ import math
 import operator
 from typing import Any, Callable
 
-from helpers import DATA_COLLECTIVES
+from helpers import COURSE_RING, DATA_COLLECTIVES
 
 from .kit import (Attempt, Exercise, Part, by_world_size, first_difference, fresh_seed, plural, seeded_tensor,
                   silent_ranks)
@@ -219,6 +219,8 @@ exercise_4_1 = Exercise(
              "with every chunk.", _all_gather_schedule),
     ),
     visible_check=_schedule_self_check,
+    forbid=(COURSE_RING,),
+    forbid_reason="exercise 4.1 asks you to work the schedule out yourself, not to take it from helpers.ring",
 )
 
 
@@ -425,7 +427,7 @@ exercise_4_2 = Exercise(
              _reduce_scatter_ring),
     ),
     visible_check=_reduce_scatter_self_check,
-    forbid=DATA_COLLECTIVES,
+    forbid=DATA_COLLECTIVES + (COURSE_RING,),
     forbid_reason="exercise 4.2 asks you to build the reduce-scatter yourself, from send, recv, isend and irecv",
 )
 
@@ -462,7 +464,7 @@ exercise_4_3 = Exercise(
              _all_gather_ring),
     ),
     visible_check=_all_gather_self_check,
-    forbid=DATA_COLLECTIVES,
+    forbid=DATA_COLLECTIVES + (COURSE_RING,),
     forbid_reason="exercise 4.3 asks you to build the all-gather yourself, from send, recv, isend and irecv",
 )
 
@@ -536,7 +538,7 @@ exercise_4_4 = Exercise(
              _no_hang),
     ),
     visible_check=_self_check,
-    forbid=DATA_COLLECTIVES,
+    forbid=DATA_COLLECTIVES + (COURSE_RING,),
     forbid_reason="exercise 4.4 asks you to build all_reduce yourself, from send, recv, isend and irecv",
 )
 

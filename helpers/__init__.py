@@ -8,7 +8,8 @@
   rank, :class:`ForbiddenCallError` when code calls something a launch switched off.
 - The call names ``launch(..., forbid=...)`` takes: :data:`COLLECTIVES` (every
   collective), :data:`DATA_COLLECTIVES` (all but the barriers), :data:`POINT_TO_POINT`,
-  and :data:`DDP` for DistributedDataParallel.
+  :data:`DDP` for DistributedDataParallel, and :data:`COURSE_RING` for the course's own ring
+  (lesson 8's pipelined ring, switched off where an exercise asks for a ring).
 - :func:`run` and :func:`start` run a command (``torchrun``, a script) from a cell with
   live labelled output; nothing it starts outlives it (see :mod:`helpers.commands`).
 - :func:`export_script` writes a notebook function as a script ``torchrun`` can run.
@@ -31,7 +32,7 @@ from .cluster import Cluster, ClusterError
 from .errors import BackendUnavailableError, ForbiddenCallError, Interrupted, LaunchError, LaunchTimeoutError, RankFailedError
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
-from .protocol import COLLECTIVES, DATA_COLLECTIVES, DDP, POINT_TO_POINT
+from .protocol import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
 
 __all__ = [
     "launch",
@@ -46,6 +47,7 @@ __all__ = [
     "DATA_COLLECTIVES",
     "POINT_TO_POINT",
     "DDP",
+    "COURSE_RING",
     "Cluster",
     "ClusterError",
     "load_ipython_extension",

@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable
 
 from .errors import ForbiddenCallError
-from .protocol import COLLECTIVES, DDP, DDP_CONSTRUCTOR, POINT_TO_POINT, Board, TraceEvent
+from .protocol import COLLECTIVES, COURSE_RING, DDP, DDP_CONSTRUCTOR, POINT_TO_POINT, Board, TraceEvent
 
 __all__ = ["Instrument", "FORBIDDEN_ALIASES", "NOT_COMMUNICATION", "current"]
 
@@ -332,6 +332,9 @@ class Instrument:
             if name == DDP:
                 self._forbid_ddp(reason)
                 continue
+            if name == COURSE_RING:
+                self._forbid_course_ring(reason)
+                continue
             self.forbidden[name] = reason
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in _process_group_classes():
@@ -344,6 +347,12 @@ class Instrument:
             for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
                 if hasattr(fc, fname):
                     self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason))
+
+    def _forbid_course_ring(self, reason: str) -> None:
+        from . import ring
+
+        for fname in ring.__all__:
+            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason))
 
     def _forbid_ddp(self, reason: str) -> None:
         from torch.nn.parallel import DistributedDataParallel

@@ -31,7 +31,7 @@ from ._report import group_stopped_error
 from .backend import resolve_backend
 from .errors import Interrupted, LaunchError
 from .output import OutputRouter, OutputSpec
-from .protocol import COLLECTIVES, DDP, POINT_TO_POINT, Call, Request
+from .protocol import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT, Call, Request
 from .trace import Trace
 
 __all__ = ["launch", "LaunchResult", "Forbid", "validate_world", "serialize", "serialize_call", "forbid_reasons"]
@@ -92,12 +92,12 @@ def forbid_reasons(forbid: Forbid) -> dict[str, str]:
     if isinstance(forbid, str):
         raise TypeError(f"forbid takes a list of call names, like forbid=['all_reduce']; got the string {forbid!r}.")
     reasons = dict(forbid) if isinstance(forbid, Mapping) else dict.fromkeys(forbid, _DEFAULT_FORBID_REASON)
-    known = POINT_TO_POINT + COLLECTIVES + (DDP,)
+    known = POINT_TO_POINT + COLLECTIVES + (DDP, COURSE_RING)
     for name, reason in reasons.items():
         if name not in known:
             raise ValueError(
                 f"forbid names {name!r}, which is not a call the helpers can switch off. Use names from "
-                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, or helpers.DDP for DistributedDataParallel."
+                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, helpers.DDP for DistributedDataParallel, or helpers.COURSE_RING for the course's ring."
             )
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"forbid[{name!r}] must be a sentence saying why it is switched off; got {reason!r}.")

@@ -115,6 +115,9 @@ COLLECTIVES = (
 DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitored_barrier"))
 #: Pass this name in ``forbid`` to switch off ``torch.nn.parallel.DistributedDataParallel``.
 DDP = "DistributedDataParallel"
+#: Pass this name in ``forbid`` to switch off the course's own ring all-reduce (``helpers.ring``,
+#: which lesson 8 teaches): an exercise that asks for a ring must not be answered by calling it.
+COURSE_RING = "helpers.ring"
 #: Every call a rank notes on the board (its index is what the board stores).
 #: What DistributedDataParallel's constructor is noted as on the board while it runs: it
 #: broadcasts rank 0's weights from C++, a collective every rank of the group must join.
