@@ -22,7 +22,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
 
 venv: $(STAMP)
 
@@ -95,6 +95,10 @@ bench-ddp: venv
 # Lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB.
 bench-ring: venv
 	$(VENV_PY) bench/ring_bench.py
+
+# A class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores.
+bench-class: venv
+	$(VENV_PY) bench/class_bench.py
 
 # Seconds to autograde one learner's submission of each lesson.
 bench-grading: venv

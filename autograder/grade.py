@@ -44,6 +44,7 @@ The record looks like this (seconds are each submission's wall time, all steps):
     {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "jobs": 2, "sandbox": true,
      "grades_csv": "autograder/grades.csv",
      "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 17.0,
+                      "stages": {"autograde": 11.2, "clean": 4.1, "feedback": 1.7},
                       "status": "ok", "score": 10.0, "max_score": 10.0, "error": null,
                       "parts": [{"grade_id": "...", "exercise": "4.4", "part": "correct", "points": 4,
                                  "kernel_score": 4.0, "score": 4, "message": null}],
@@ -147,10 +148,10 @@ class _Job:
     def notebook(self) -> Path:
         return self.autograded / f"{self.lesson}.ipynb"
 
-    def _box(self, writable: list[Path]):
+    def _box(self, writable: list[Path], env: dict[str, str] | None = None):
         from .sandbox import Sandbox
 
-        return Sandbox(writable=writable, hidden=[ROOT, self.folder])
+        return Sandbox(writable=writable, hidden=[ROOT, self.folder], env=env or {})
 
     def autograde(self) -> subprocess.CompletedProcess:
         """``nbgrader autograde`` here, with the kernel in the sandbox (talking over Unix sockets)."""
@@ -161,7 +162,9 @@ class _Job:
             runtime = self.folder / "runtime"
             runtime.mkdir()
             self.autograded.mkdir(parents=True)
-            kernel_spec(self.folder / "jupyter", self._box([self.autograded, runtime]))
+            # The sandbox's environment is fixed when the spec is written: nbgrader's own marker
+            # (set only while it runs) goes in here, so launches keep their grading timeouts.
+            kernel_spec(self.folder / "jupyter", self._box([self.autograded, runtime], {"NBGRADER_EXECUTION": "autograde"}))
             env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(self.folder / "jupyter"), env.get("JUPYTER_PATH")) if p)
             # The connection file goes where the sandbox can read it (jupyter_client makes it with mkstemp).
             env["JUPYTER_RUNTIME_DIR"] = env["TMPDIR"] = str(runtime)
@@ -255,14 +258,18 @@ def _grade_one(student: str, lesson: str, template: Path, sandboxed: bool) -> tu
     began = time.monotonic()
     run: dict[str, Any] = {"student": student, "lesson": lesson, "seconds": 0.0, "status": "failed",
                            "score": None, "max_score": None, "error": None, "parts": [], "left_out": []}
+    stages = run["stages"] = {}
     try:
         done = job.autograde()
+        stages["autograde"] = round(time.monotonic() - began, 2)
         if done.returncode != 0 or not job.notebook.is_file():
             run["error"] = (done.stderr.strip().splitlines()[-1:] or [done.stdout[-200:] or "no message"])[0]
             return run, job
         results, left_out, stopped = job.clean()
+        stages["clean"] = round(time.monotonic() - began - stages["autograde"], 2)
         run["parts"], run["left_out"] = _settle(job, results, left_out, stopped), left_out
         made = job.feedback_html()
+        stages["feedback"] = round(time.monotonic() - began - stages["autograde"] - stages["clean"], 2)
         run["status"] = "ok"
         if made.returncode != 0:
             run["error"] = "feedback: " + (made.stderr.strip().splitlines()[-1:] or ["failed"])[0]

@@ -55,7 +55,7 @@ HIDDEN_MODULES = ("reference.py",)
 #: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")
-PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_")
+PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_", "NBGRADER_")
 #: The bubblewrap program: ``COURSE_BWRAP`` names another (a path, or a name looked up on PATH).
 BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")
 

@@ -14,6 +14,9 @@ folders.
   notebook per learner, graded together as an instructor would.
 - ``scores(root, lesson, cells, student)`` and ``feedback(root, lesson, student)`` read back
   what grading gave a learner: points per part from the gradebook, and the HTML feedback.
+- ``RING_ANSWERS``: answers to Exercise 4.4 that learners really hand in, each wrong in its
+  own way (the tests and the grading benchmarks share them), and ``GRADER_PATCH``: lines a
+  cheating learner adds after an answer to make every hidden test pass in their own kernel.
 
 Example::
 
@@ -33,7 +36,52 @@ from pathlib import Path
 
 from .course import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "grade_class", "scores", "feedback"]
+__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "grade_class", "scores", "feedback",
+           "RING_ANSWERS", "GRADER_PATCH"]
+
+#: Exercise 4.4 (``ring_allreduce``) as learners get it wrong, by kind.
+RING_ANSWERS = {
+    # The tutorial's ring: right sums, but the whole running sum goes round p-1 times.
+    "whole_tensor": '''def ring_allreduce(tensor):
+    # The tutorial's ring: pass the whole running sum round p-1 times.
+    rank, p = dist.get_rank(), dist.get_world_size()
+    total, outgoing, incoming = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for _ in range(p - 1):
+        request = dist.isend(outgoing, (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+        request.wait()
+        total += incoming
+        outgoing = incoming.clone()
+    tensor.copy_(total)
+''',
+    # Every rank receives first: nobody sends, every check waits out its timeout.
+    "receive_first": '''def ring_allreduce(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    for _ in range(p - 1):
+        dist.recv(incoming, (rank - 1) % p)   # everybody waits, nobody sends
+        dist.send(tensor, (rank + 1) % p)
+        tensor += incoming
+''',
+    # Indexes one chunk too far on the last rank: it crashes, the others are left waiting.
+    "crash": '''def ring_allreduce(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).chunk(p))
+    mine = chunks[rank + 1] if rank == p - 1 else chunks[rank]
+    dist.send(mine.clone(), (rank + 1) % p)
+''',
+    # The built-in collective, which the exercise switches off.
+    "built_in": '''def ring_allreduce(tensor):
+    dist.all_reduce(tensor)
+''',
+}
+#: Appended to an answer cell: replaces the course's grading in the learner's own kernel, so
+#: every hidden test cell after it passes there. The clean re-grade must not be fooled.
+GRADER_PATCH = '''
+
+import autograder.kit
+autograder.kit.Exercise.grade = lambda self, fn, part: None   # every hidden test now "passes" here
+'''
 
 
 def course_copy(folder: Path, lessons: list[str] | None = None) -> Path:

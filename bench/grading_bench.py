@@ -34,17 +34,10 @@ sys.path.insert(0, str(ROOT))
 from _common import machine_line  # noqa: E402
 
 from autograder.course import lessons  # noqa: E402
-from autograder.scratch import course_copy, run_instructor_command, solution_source, submission  # noqa: E402
+from autograder.scratch import RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0
-DEADLOCK = '''def ring_allreduce(tensor):
-    rank, p = dist.get_rank(), dist.get_world_size()
-    incoming = torch.empty_like(tensor)
-    for _ in range(p - 1):
-        dist.recv(incoming, (rank - 1) % p)
-        dist.send(tensor, (rank + 1) % p)
-        tensor += incoming
-'''
+DEADLOCK = RING_ANSWERS["receive_first"]
 
 
 def _solution_answers(lesson: str, release: Path) -> dict[str, str]:

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission
+
+WHOLE_TENSOR_RING = RING_ANSWERS["whole_tensor"]
+CALLS_ALL_REDUCE = RING_ANSWERS["built_in"]
+RECEIVE_FIRST = RING_ANSWERS["receive_first"]
 
 LESSON = "04-ring-all-reduce"
 LESSON03 = "03-collectives"
@@ -65,24 +69,9 @@ LOCAL_RING_SUM = '''def ring_sum(rank, world_size, value):
     return value * world_size
 '''
 
-WHOLE_TENSOR_RING = '''def ring_allreduce(tensor):
-    # The tutorial's ring: pass the whole running sum round p-1 times.
-    rank, p = dist.get_rank(), dist.get_world_size()
-    total, outgoing, incoming = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
-    for _ in range(p - 1):
-        request = dist.isend(outgoing, (rank + 1) % p)
-        dist.recv(incoming, (rank - 1) % p)
-        request.wait()
-        total += incoming
-        outgoing = incoming.clone()
-    tensor.copy_(total)
-'''
 
 # -- carol: calls the built-in collectives ----------------------------------------------------
 
-CALLS_ALL_REDUCE = '''def ring_allreduce(tensor):
-    dist.all_reduce(tensor)
-'''
 
 CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER = '''def ring_reduce_scatter(tensor):
     dist.all_reduce(tensor)   # every chunk summed, my own included
@@ -111,14 +100,6 @@ FLAT_ALL_REDUCE = '''def hierarchical_all_reduce(tensor, ranks_per_node):
 
 # -- dave: deadlocks -------------------------------------------------------------------------
 
-RECEIVE_FIRST = '''def ring_allreduce(tensor):
-    rank, p = dist.get_rank(), dist.get_world_size()
-    incoming = torch.empty_like(tensor)
-    for _ in range(p - 1):
-        dist.recv(incoming, (rank - 1) % p)   # everybody waits, nobody sends
-        dist.send(tensor, (rank + 1) % p)
-        tensor += incoming
-'''
 
 
 def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:

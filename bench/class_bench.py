@@ -1,0 +1,137 @@
+"""Grading a whole class: 30 mixed submissions of lesson 04, one at a time and in parallel.
+
+Run: ``make bench-class`` or ``.venv/bin/python bench/class_bench.py [--learners 30] [--jobs 1,2] [--json PATH]``
+
+A throw-away copy of the course (autograder.scratch) receives ``--learners`` submissions
+of lesson 04 (the ring all-reduce lesson), in equal shares of five kinds, all with the
+instructor's answers to Exercises 4.1-4.3 and a different answer to Exercise 4.4:
+
+- ``correct``: the instructor's ring;
+- ``whole_tensor``: the tutorial ring that passes the whole tensor (right sums, too many bytes);
+- ``deadlock``: every rank receives first;
+- ``crash``: the last rank indexes past its chunks;
+- ``cheat``: ``dist.all_reduce`` followed by lines that replace the course's grading
+  functions in the learner's own kernel (``autograder.scratch.GRADER_PATCH``).
+
+The class is graded with ``python -m autograder grade --jobs N``, the instructor's command
+(sandboxed, with the clean re-grade), once for every N in ``--jobs``, each time in a fresh
+copy. It prints the wall time of each run, the speed-up, the score of each kind, whether
+every learner got the same score in every run, and what the cheat earned in its kernel
+against what counted. Last, a projection for 100 learners and all nine lessons on a
+16-core machine, from this run's seconds per submission and the per-lesson seconds of
+``bench/grading_bench.py`` (the README's grading table), stated with its assumptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _common import machine_line  # noqa: E402
+from grading_bench import _solution_answers  # noqa: E402
+
+from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, submission  # noqa: E402
+
+LESSON = "04-ring-all-reduce"
+KINDS = ("correct", "whole_tensor", "deadlock", "crash", "cheat")
+#: Seconds one solution submission of each lesson takes to autograde alone on the course's
+#: 2-core reference machine (README, "Grading time per lesson"), for the projection.
+LESSON_SECONDS = {"00": 8.2, "01": 19.9, "02": 24.2, "03": 27.5, "04": 27.3, "05": 31.9, "06": 48.0, "07": 40.0,
+                  "08": 19.1}
+
+
+def _answers(kind: str, solution: dict[str, str]) -> dict[str, str]:
+    ring = next(g for g, src in solution.items() if "def ring_allreduce" in src)
+    if kind == "correct":
+        return solution
+    source = {"deadlock": RING_ANSWERS["receive_first"], "cheat": RING_ANSWERS["built_in"] + GRADER_PATCH}.get(
+        kind) or RING_ANSWERS[kind]
+    return {**solution, ring: source}
+
+
+def _grade(learners: int, jobs: int, tmp: Path) -> dict:
+    root = course_copy(tmp / f"course-{jobs}", lessons=[LESSON])
+    subs = tmp / f"submissions-{jobs}"
+    release = root / "course" / LESSON / f"{LESSON}.ipynb"
+    solution = _solution_answers(LESSON, release)
+    for i in range(learners):
+        kind = KINDS[i % len(KINDS)]
+        submission(release, subs / f"{kind}-{i:02d}" / LESSON / f"{LESSON}.ipynb", _answers(kind, solution))
+    began = time.monotonic()
+    done = run_instructor_command(root, "grade", str(subs), "--jobs", str(jobs), timeout=4 * 3600)
+    seconds = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"grading with --jobs {jobs} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    with (root / "autograder" / "grades.csv").open() as f:
+        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    return {"jobs": jobs, "seconds": seconds, "scores": scores, "record": record}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, default=30)
+    parser.add_argument("--jobs", default="1,2", help="comma-separated --jobs values to compare")
+    parser.add_argument("--json", help="write the numbers to this file")
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for jobs in (int(j) for j in args.jobs.split(",")):
+            runs.append(_grade(args.learners, jobs, Path(tmp)))
+            print(f"graded {args.learners} submissions with --jobs {jobs} in {runs[-1]['seconds']:.0f} s", flush=True)
+
+    print(f"\nGrading a class of {args.learners} lesson-04 submissions; machine: {machine_line()}\n")
+    base = runs[0]
+    for run in runs:
+        per = run["seconds"] / args.learners
+        print(f"  --jobs {run['jobs']}: {run['seconds']:7.1f} s in all, {per:5.1f} s per submission, "
+              f"speed-up {base['seconds'] / run['seconds']:.2f}x over --jobs {base['jobs']}")
+    same = all(run["scores"] == base["scores"] for run in runs)
+    print(f"\n  same score for every learner in every run: {'yes' if same else 'NO'}")
+    by_kind: dict[str, set] = defaultdict(set)
+    seconds_by_kind: dict[str, list] = defaultdict(list)
+    for student, score in base["scores"].items():
+        by_kind[student.split("-")[0]].add(score)
+    for sub in base["record"]["submissions"]:
+        seconds_by_kind[sub["student"].split("-")[0]].append(sub["seconds"])
+    top = base["record"]["submissions"][0]["max_score"]
+    print(f"\n  {'kind':<14} {'score (of ' + format(top, 'g') + ')':>14} {'seconds each (--jobs ' + str(base['jobs']) + ')':>26}")
+    for kind in KINDS:
+        secs = seconds_by_kind[kind]
+        print(f"  {kind:<14} {', '.join(f'{s:g}' for s in sorted(by_kind[kind])):>14} "
+              f"{sum(secs) / max(1, len(secs)):>26.1f}")
+    cheat = next(s for s in base["record"]["submissions"] if s["student"].startswith("cheat"))
+    in_kernel = sum(p["kernel_score"] or 0 for p in cheat["parts"])
+    print(f"\n  the cheat earned {in_kernel:g} in its own kernel; the clean re-grade counted {cheat['score']:g} "
+          f"(the honest built-in all_reduce answer earns the same: the cheat gains nothing)")
+
+    fastest = min(runs, key=lambda r: r["seconds"])
+    per_core = fastest["seconds"] / args.learners * fastest["jobs"] / 2  # core-seconds per lesson-04 submission
+    ratio = per_core / LESSON_SECONDS["04"]
+    whole = sum(LESSON_SECONDS.values()) * ratio  # core-seconds for one learner's nine lessons
+    cores = 16
+    projected = 100 * whole / cores
+    print(f"\n  Projection for 100 learners x 9 lessons on a {cores}-core machine (--jobs {cores}): "
+          f"{projected / 60:.0f} min.")
+    print(f"    One lesson-04 submission cost {per_core:.1f} core-seconds here (--jobs {fastest['jobs']} on 2 cores), "
+          f"{ratio:.2f}x its autograde time alone ({LESSON_SECONDS['04']} s); the other lessons are scaled by the "
+          f"same factor from their autograde times ({sum(LESSON_SECONDS.values()):.0f} s for all nine), and the "
+          f"work is assumed to spread evenly over {cores} cores (each submission uses about 2 while its ranks run).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"learners": args.learners, "same_scores": same, "runs": [
+            {k: v for k, v in run.items() if k != "record"} for run in runs], "projection_minutes": projected / 60},
+            indent=2))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
