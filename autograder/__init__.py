@@ -9,7 +9,11 @@
   (:class:`~autograder.harness.CheckError`).
 - :mod:`autograder.preprocessors` adds what nbgrader lacks (stubs that name their exercise,
   deleted cells put back); :mod:`autograder.scratch` makes throw-away course copies.
-- ``python -m autograder`` (see :mod:`autograder.__main__`) runs the instructor workflow.
+- ``python -m autograder`` (see :mod:`autograder.__main__`) runs the instructor workflow:
+  :mod:`autograder.grade` grades a class, each submission in the bubblewrap sandbox of
+  :mod:`autograder.sandbox` and re-graded from its definitions alone by
+  :mod:`autograder.clean`, then :mod:`autograder.summary` sums the class up;
+  :mod:`autograder.release` builds the learner distribution.
 
 Importing this package is cheap: ``exercise`` and ``exercises`` load the kit (and torch)
 on first use, so nbgrader's preprocessors can import it without starting ranks.

@@ -128,13 +128,16 @@ class Sandbox:
 
     def _shown(self) -> list[Path]:
         """Read-only folders bound back over hidden ones: Python, its paths, the two packages."""
-        roots = _existing([sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path])
+        python = _existing([sys.base_prefix, sys.prefix, sys.exec_prefix])
         hidden = self._hidden()
-        shown = []
-        for p in roots:
+        shown = list(python)
+        for p in _existing(sys.path):
             # A path that is a hidden folder or holds one (a repository root on PYTHONPATH) would
-            # show everything in it: only its packages are shown, below.
-            if any(_within(h, p) for h in hidden):
+            # show everything in it: only its packages are shown, below. A path inside a hidden
+            # folder (the repository's tests/) stays hidden unless it is part of Python.
+            if any(_within(h, p) for h in hidden) or p in shown:
+                continue
+            if any(_within(p, h) for h in hidden) and not any(_within(p, q) for q in python):
                 continue
             shown.append(p)
         return shown + [d for d in PACKAGE_DIRS if d not in shown]
@@ -178,9 +181,11 @@ class Sandbox:
         for p in self._shown():
             args += ["--ro-bind", str(p), str(p)]
         args += self._package_hides()
-        writable = _existing(self.writable)
+        writable = [Path(w).resolve() for w in self.writable]
         for w in writable:
             args += ["--bind", str(w), str(w)]
+        for h in self._hidden():  # hidden folders are empty and read-only, once everything is bound
+            args += ["--remount-ro", str(h)]
         workdir = Path(self.workdir).resolve() if self.workdir else (writable[0] if writable else Path("/tmp"))
         args += ["--chdir", str(workdir), *self._environment(), "--"]
         return args + list(argv)

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from .course import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "solution_source", "grade_class", "scores", "feedback",
+__all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "grade_class", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
 
 #: Exercise 4.4 (``ring_allreduce``) as learners get it wrong, by kind.
@@ -126,8 +127,22 @@ def submission(release: Path, target: Path, answers: dict[str, str] | None = Non
     return target
 
 
+def sandbox_flags() -> list[str]:
+    """``["--no-sandbox"]`` where bubblewrap cannot run and no one asked for it, else ``[]``.
+
+    Grading trials on a machine without bubblewrap then still run, unsandboxed;
+    ``COURSE_REQUIRE_SANDBOX=1`` (set by ``.ci/run`` once it has installed bubblewrap)
+    makes them run sandboxed or fail.
+    """
+    from .sandbox import problem
+
+    return ["--no-sandbox"] if problem() is not None and not os.environ.get("COURSE_REQUIRE_SANDBOX") else []
+
+
 def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """``python -m autograder ARGS`` with ``COURSE_ROOT=root``."""
+    """``python -m autograder ARGS`` with ``COURSE_ROOT=root`` (``grade`` gets :func:`sandbox_flags`)."""
+    if args[:1] == ("grade",) and "--no-sandbox" not in args:
+        args = (*args, *sandbox_flags())
     env = tool_env()
     env["COURSE_ROOT"] = str(root)
     return subprocess.run(

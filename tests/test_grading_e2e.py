@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission
+from autograder.scratch import (GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, sandbox_flags,
+                                solution_source, submission)
+from autograder.summary import CSV_NAME, HTML_NAME
 
 WHOLE_TENSOR_RING = RING_ANSWERS["whole_tensor"]
 CALLS_ALL_REDUCE = RING_ANSWERS["built_in"]
@@ -26,9 +28,9 @@ LESSON = "04-ring-all-reduce"
 LESSON03 = "03-collectives"
 LESSON02 = "02-point-to-point"
 ROOT = Path(__file__).resolve().parent.parent
-LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin", "frank"}
+LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin", "frank", "mallory"}
 LESSON03_LEARNERS = {"carol"}
-LESSON02_LEARNERS = {"alice", "carol"}  # each extra notebook costs a whole autograde run
+LESSON02_LEARNERS = {"alice", "carol", "oscar"}  # each extra notebook costs a whole autograde run
 
 # -- bob: nearly there --------------------------------------------------------------------
 
@@ -69,6 +71,24 @@ LOCAL_RING_SUM = '''def ring_sum(rank, world_size, value):
     return value * world_size
 '''
 
+
+# -- oscar: a right answer, then code that tries to leave its folder while it is graded -------
+
+ESCAPE = '''
+
+import json as _json, os as _os, pathlib as _pathlib, pwd as _pwd
+_report = {"written": [], "gradebooks": [], "solutions": []}
+_here = _pathlib.Path.cwd()
+for _folder in [_here, *_here.parents, _pathlib.Path(_pwd.getpwuid(_os.getuid()).pw_dir)]:
+    try:
+        (_folder / "pwned.txt").write_text("was here")
+        _report["written"].append(str(_folder))
+    except OSError:
+        pass
+    _report["gradebooks"] += [str(p) for p in _folder.glob("*.db")] + [str(p) for p in _folder.glob("*/gradebook.db")]
+    _report["solutions"] += [str(p) for p in _folder.glob("solutions/*")]
+print("ESCAPE " + _json.dumps(_report))
+'''
 
 # -- carol: calls the built-in collectives ----------------------------------------------------
 
@@ -142,6 +162,10 @@ def graded(tmp_path_factory):
     first_41 = next(gid for gid, (number, _) in parts.items() if number == "4.1")
     first_44 = next(gid for gid, (number, _) in parts.items() if number == "4.4")
     submission(release, target("frank"), solution, drop=(first_41,), edit={first_44: "pass"})
+    # mallory: carol's built-in collectives, then lines that make every hidden test pass in her kernel.
+    submission(release, target("mallory"), {**solution, ans["4.2"]: CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER,
+                                            ans["4.3"]: CALLS_BROADCAST_FOR_ALL_GATHER,
+                                            ans["4.4"]: CALLS_ALL_REDUCE + GRADER_PATCH})
 
     ans3, parts3 = layouts[LESSON03]
     assert set(ans3) == {"3.1", "3.2", "3.3"} and len(parts3) == 8, (ans3, parts3)
@@ -154,6 +178,7 @@ def graded(tmp_path_factory):
     release2 = root / "course" / LESSON02 / f"{LESSON02}.ipynb"
     submission(release2, target("alice", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"])})
     submission(release2, target("carol", LESSON02), {ans2["2.1"]: LOCAL_RING_SUM})
+    submission(release2, target("oscar", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"]) + ESCAPE})
 
     done = run_instructor_command(root, "grade", str(subs))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -272,7 +297,8 @@ def test_grading_run_record_matches_the_gradebook(graded):
     assert runs["bob", LESSON]["score"] == pytest.approx(sum(_scores(graded, "bob").values()))
     assert runs["carol", LESSON03]["score"] == pytest.approx(sum(_scores(graded, "carol", LESSON03).values()))
     assert runs["erin", LESSON]["score"] == 0
-    assert record["seconds"] >= sum(run["seconds"] for run in runs.values())
+    assert record["seconds"] >= max(run["seconds"] for run in runs.values()) and record["jobs"] >= 1
+    assert record["sandbox"] == (not sandbox_flags())
 
 
 def test_instructor_ring_sum_scores_full_marks(graded):
@@ -290,3 +316,48 @@ def test_ring_sum_worked_out_alone_earns_nothing(graded):
     feedback = _feedback(root, "carol", LESSON02)
     assert "every rank should return their sum" in feedback
     assert "Each rank knows only its own value" in feedback
+
+
+def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
+    """Does mallory, whose answer cell replaces the course's grading in her kernel after calling the built-ins, earn exactly what carol's same honest code earns, with feedback saying the clean re-grade counted?"""
+    root, _, _ = graded
+    assert _scores(graded, "mallory") == _scores(graded, "carol")
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("mallory", LESSON))
+    ring = [p for p in run["parts"] if p["exercise"] == "4.4"]
+    assert all(p["kernel_score"] == p["points"] for p in ring), ring  # the patch did fool her own kernel
+    assert all(p["score"] == 0 for p in ring), ring  # but not the clean re-grade
+    assert any("autograder.kit.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
+    feedback = _feedback(root, "mallory")
+    assert "Clean re-grade: 0 of 4 points" in feedback and "The clean result is the one that counts" in feedback
+
+
+@pytest.mark.skipif(bool(sandbox_flags()), reason="bubblewrap cannot run here, so grading ran without the sandbox")
+def test_a_submission_cannot_reach_outside_its_folder(graded):
+    """Does oscar's code, graded in the sandbox, fail to write anywhere but its own folder, see no gradebook and no solutions, while his right answer still earns every point?"""
+    root, _, _ = graded
+    assert _scores(graded, "oscar", LESSON02) == _scores(graded, None, LESSON02)
+    notebook = json.loads((root / "autograder" / "autograded" / "oscar" / LESSON02 / f"{LESSON02}.ipynb").read_text())
+    text = "".join(o.get("text", "") for c in notebook["cells"] for o in c.get("outputs", []))
+    report = json.loads(text.split("ESCAPE ", 1)[1].splitlines()[0])
+    own = str(root / "autograder" / "autograded" / "oscar" / LESSON02)
+    assert report["gradebooks"] == [] and report["solutions"] == [], report
+    # Its own working copy and its private /tmp, nothing else (the job folder's path differs from `own`).
+    assert report["written"] and all(w == "/tmp" or w.endswith(f"/oscar/{LESSON02}") for w in report["written"]), report
+    strays = [p for p in root.rglob("pwned.txt") if not str(p).startswith(own)]
+    assert strays == [] and not (Path.home() / "pwned.txt").exists(), strays
+
+
+def test_class_summary_counts_passes_and_commonest_failures(graded):
+    """Does the class summary count, per part, the learners graded and passed as the gradebook has them, name the commonest failure, and exist as CSV and HTML?"""
+    root, _, out = graded
+    rows = {(r["lesson"], r["exercise"], r["part"]): r for r in csv.DictReader((root / "autograder" / CSV_NAME).open())}
+    points = _scores(graded, None)
+    for (number, part), full in points.items():
+        row = rows[(LESSON, number, part)]
+        passed = sum(1 for who in LESSON04_LEARNERS if _scores(graded, who)[(number, part)] == full)
+        assert (int(row["graded"]), int(row["passed"])) == (len(LESSON04_LEARNERS), passed), row
+    assert "switched off" in rows[(LESSON, "4.4", "correct")]["common_failures"]
+    html = (root / "autograder" / HTML_NAME).read_text()
+    assert "Class summary" in html and "Slowest submissions" in html and "<td>4.4</td>" in html
+    assert "Class summary" in out and "Slowest:" in out

@@ -1,0 +1,133 @@
+"""The grading sandbox (autograder.sandbox): what learners' code can and cannot reach while graded.
+
+Each test runs a real Python inside a real bubblewrap sandbox, as ``make grade`` does for
+every learner notebook's kernel and for the clean re-grade, and asks it to try what a
+submission should not be able to do. Without bubblewrap these tests are skipped, unless
+``COURSE_REQUIRE_SANDBOX=1`` (set by ``.ci/run`` once it has installed it) makes that a
+failure. The last test needs no sandbox: it checks that ``make grade`` refuses to run
+without one, and says how to get it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autograder.sandbox import PACKAGE_DIRS, Sandbox, problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_sandbox = pytest.mark.skipif(
+    problem() is not None and not os.environ.get("COURSE_REQUIRE_SANDBOX"),
+    reason=f"bubblewrap cannot run here ({problem()}); .ci/run installs it and sets COURSE_REQUIRE_SANDBOX=1",
+)
+
+
+def _probe(box: Sandbox, code: str, env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` in ``box``; it prints one JSON object, returned here."""
+    done = subprocess.run(box.wrap([sys.executable, "-c", textwrap.dedent(code)]), capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_sandbox
+def test_only_its_own_folder_and_tmp_are_writable(tmp_path):
+    """Can sandboxed code write its own folder and a private /tmp, and nothing else: not the course, the venv, the home folder?"""
+    own, course = tmp_path / "own", tmp_path / "course"
+    own.mkdir(), course.mkdir()
+    (course / "gradebook.db").write_text("grades")
+    targets = {"own": own / "x", "tmp": "/tmp/x", "course": course / "pwned", "package": PACKAGE_DIRS[1] / "pwned",
+               "venv": Path(sys.prefix) / "pwned", "home": Path.home() / "pwned", "beside_gradebook": course / "x.db"}
+    got = _probe(Sandbox(writable=[own], hidden=[course]), f"""
+        import json
+        out = {{}}
+        for name, path in {json.dumps({k: str(v) for k, v in targets.items()})}.items():
+            try:
+                open(path, "w").write("x"); out[name] = "written"
+            except OSError as exc:
+                out[name] = type(exc).__name__
+        print(json.dumps(out))
+    """)
+    assert got["own"] == got["tmp"] == "written", got
+    for name in ("course", "package", "venv", "home", "beside_gradebook"):
+        assert got[name] != "written", got
+    assert (own / "x").read_text() == "x"
+    assert [p.name for p in course.iterdir()] == ["gradebook.db"]
+    assert not (PACKAGE_DIRS[1] / "pwned").exists() and not (Path.home() / "pwned").exists()
+
+
+@needs_sandbox
+def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
+    """Are the course folder (solutions, gradebook, other submissions), the reference answers and the home folder invisible, while the packages still import?"""
+    course = tmp_path / "course"
+    (course / "solutions").mkdir(parents=True)
+    (course / "solutions" / "answer.ipynb").write_text("{}")
+    (tmp_path / "own").mkdir()
+    got = _probe(Sandbox(writable=[tmp_path / "own"], hidden=[course]), f"""
+        import json, os
+        import helpers, autograder.kit
+        out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
+               "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
+        try:
+            import autograder.reference
+            out["reference"] = "imported"
+        except ImportError:
+            out["reference"] = "missing"
+        try:
+            open({str(PACKAGE_DIRS[1] / "reference.py")!r}).read()
+            out["reference_file"] = "read"
+        except OSError:
+            out["reference_file"] = "unreadable"
+        print(json.dumps(out))
+    """)
+    assert got["course"] == [], got
+    assert got["reference"] == "missing" and got["reference_file"] == "unreadable", got
+    assert "solutions" not in got["repo"] and "tests" not in got["repo"], got  # only the two packages are shown
+    assert not any(name.startswith(".") and name not in (".venv", ".pyenv") for name in got["home"]), got
+
+
+@needs_sandbox
+def test_network_is_loopback_only_and_gloo_ranks_still_run(tmp_path):
+    """Does sandboxed code have only a loopback interface, fail to reach anything else, and still run ranks over gloo?"""
+    got = _probe(Sandbox(writable=[tmp_path]), """
+        import json, socket
+        out = {"interfaces": [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]}
+        s = socket.socket(); s.settimeout(2)
+        try:
+            s.connect(("192.0.2.1", 80)); out["outside"] = "connected"
+        except OSError as exc:
+            out["outside"] = type(exc).__name__
+        from helpers import launch
+        out["ranks"] = launch(lambda rank, world_size: rank * 10, 2, output="quiet", timeout=60)
+        print(json.dumps(out))
+    """)
+    assert got["interfaces"] == ["lo"], got
+    assert got["outside"] != "connected" and got["ranks"] == [0, 10], got
+
+
+@needs_sandbox
+def test_secrets_in_the_environment_stay_outside(tmp_path):
+    """Does an instructor's secret in the environment stay out of the sandbox, while the grading marker gets in?"""
+    got = _probe(Sandbox(writable=[tmp_path], env={"NBGRADER_EXECUTION": "autograde"}),
+                 "import json, os; print(json.dumps(dict(os.environ)))", env={"COURSE_TEST_API_TOKEN": "s3cret"})
+    assert "COURSE_TEST_API_TOKEN" not in got and got.get("NBGRADER_EXECUTION") == "autograde", sorted(got)
+    assert got["HOME"] == "/tmp", got
+
+
+def test_grading_refuses_without_a_sandbox_and_says_how_to_get_one(tmp_path):
+    """Does `python -m autograder grade` stop before grading when bubblewrap is missing, naming the package and the opt-out?"""
+    (tmp_path / "submissions").mkdir()
+    env = {**os.environ, "COURSE_BWRAP": str(tmp_path / "no-such-bwrap")}
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "submissions")], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Cannot sandbox learners' code" in done.stderr and "apt-get install bubblewrap" in done.stderr, done.stderr
+    assert "--no-sandbox" in done.stderr and "NO_SANDBOX=1" in done.stderr, done.stderr
+    assert not (ROOT / "autograder" / "submitted" / "x").exists()
