@@ -211,7 +211,10 @@ def run_ranks(
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
-            what = "a built-in collective" if set(forbid) <= set(helpers.COLLECTIVES) else "a switched-off call"
+            call = err.original.call
+            what = ("lesson 8's ring from helpers.ring" if call.startswith("helpers.ring.")
+                    else "a built-in collective" if set(forbid) - {helpers.COURSE_RING} <= set(helpers.COLLECTIVES)
+                    else "a switched-off call")
             raise GradingFailure(f"{part}: rank {err.rank} called {what} {where}: {err.exc_message}") from None
         fault = course_frame(err.frames)
         if fault is not None:

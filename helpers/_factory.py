@@ -38,6 +38,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from . import _wire
 from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
 
 __all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
@@ -451,7 +452,7 @@ class Factory:
                         "The next launch starts a new one."
                     )
                     return
-                self._dispatch(pickle.loads(data))
+                self._dispatch(_wire.loads(data))
 
     def _dispatch(self, event: Hello | Fatal | Spawned | Exited) -> None:
         if isinstance(event, Hello):

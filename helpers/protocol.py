@@ -290,7 +290,9 @@ class Result:
     time: float = field(default_factory=time.time)
 
     def value(self) -> Any:
-        return pickle.loads(self.data) if self.data is not None else self.text
+        from ._wire import loads
+
+        return loads(self.data) if self.data is not None else self.text
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,9 @@ class RankException:
         if self.pickled is None:
             return None
         try:
-            return pickle.loads(self.pickled)
+            from ._wire import loads
+
+            return loads(self.pickled)
         except Exception:  # noqa: BLE001 - a class defined only on the rank
             return None
 

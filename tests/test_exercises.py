@@ -22,7 +22,7 @@ from autograder.cells import graded_cells, problems, hidden_test_source
 from autograder.harness import CheckError, GradingFailure, course_frame
 from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.reference import chunk_bounds, ring_allreduce
-from helpers import COLLECTIVES, DDP, POINT_TO_POINT
+from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
 from helpers.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_declarations_are_complete(ex):
     for part in ex.parts:
         assert isinstance(part.points, int) and part.points > 0, (ex.label, part)
         assert part.name.isidentifier() and part.says.endswith("."), (ex.label, part.name)
-    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | {DDP}
+    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | {DDP, COURSE_RING}
     assert bool(ex.forbid) == bool(ex.forbid_reason)
 
 
