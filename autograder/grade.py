@@ -364,7 +364,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True) -> dict
                 runs.append(run)
                 changed = sum(1 for p in run["parts"] if p["kernel_score"] is None or p["kernel_score"] != p["score"])
                 note = f", the clean re-grade changed {changed} part{'s' if changed != 1 else ''}" if changed else ""
-                print(f"  graded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s: "
+                print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s: "
                       f"{'ok' if run['status'] == 'ok' else 'FAILED'}{note}", flush=True)
     runs.sort(key=lambda r: (r["lesson"], r["student"]))
     _nbgrader("export", f"--to={grades}")

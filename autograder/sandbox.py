@@ -60,6 +60,20 @@ PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_", "NBGRA
 BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")
 
 
+#: The most each in-memory folder of a sandbox (/tmp, /var/tmp, /dev/shm) may hold.
+TMP_BYTES = 2 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def _takes_size() -> bool:
+    """Whether this bwrap can cap a tmpfs (``--size``, bubblewrap 0.8 and later)."""
+    try:
+        return "--size" in subprocess.run([shutil.which(BWRAP) or BWRAP, "--help"], capture_output=True,
+                                          text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing or cannot start a sandbox here; the message says what to do."""
 
@@ -171,8 +185,11 @@ class Sandbox:
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """The command line that runs ``argv`` inside this sandbox."""
         bwrap = shutil.which(BWRAP) or BWRAP
-        args = [bwrap, "--die-with-parent", "--unshare-all", "--ro-bind", "/", "/",
-                "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        # A private /tmp in memory, capped where this bwrap can (0.8 and later) so that a
+        # submission that fills it cannot exhaust the grading machine's memory.
+        cap = ["--size", str(TMP_BYTES)] if _takes_size() else []
+        args = [bwrap, "--die-with-parent", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                *cap, "--tmpfs", "/dev/shm", *cap, "--tmpfs", "/tmp", *cap, "--tmpfs", "/var/tmp"]
         for device in sorted(Path("/dev").glob("nvidia*")) + [Path("/dev/dri")]:
             if device.exists():  # GPUs stay usable: lessons on a GPU machine run nccl
                 args += ["--dev-bind", str(device), str(device)]

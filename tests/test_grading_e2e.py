@@ -338,9 +338,10 @@ def test_a_submission_cannot_reach_outside_its_folder(graded):
     root, _, _ = graded
     assert _scores(graded, "oscar", LESSON02) == _scores(graded, None, LESSON02)
     notebook = json.loads((root / "autograder" / "autograded" / "oscar" / LESSON02 / f"{LESSON02}.ipynb").read_text())
-    text = "".join(o.get("text", "") for c in notebook["cells"] for o in c.get("outputs", []))
+    text = "".join("".join(o.get("text", "")) for c in notebook["cells"] for o in c.get("outputs", []))
     report = json.loads(text.split("ESCAPE ", 1)[1].splitlines()[0])
-    own = str(root / "autograder" / "autograded" / "oscar" / LESSON02)
+    # nbgrader copies what the notebook wrote in its working folder into the feedback folder too.
+    own = (str(root / "autograder" / "autograded" / "oscar" / LESSON02), str(root / "autograder" / "feedback" / "oscar"))
     assert report["gradebooks"] == [] and report["solutions"] == [], report
     # Its own working copy and its private /tmp, nothing else (the job folder's path differs from `own`).
     assert report["written"] and all(w == "/tmp" or w.endswith(f"/oscar/{LESSON02}") for w in report["written"]), report
