@@ -3,8 +3,9 @@
 Run: ``make bench-grading`` or ``.venv/bin/python bench/grading_bench.py [--kinds solution,stubs,deadlock] [--json PATH]``
 
 For every lesson, in a throw-away copy of the course (autograder.scratch), this grades
-one learner's notebook per kind with ``python -m autograder grade``, the instructor's
-command, and reads back the seconds each ``nbgrader autograde`` took and the score (from
+one learner's notebook per kind with ``python -m autograder grade --jobs 1``, the
+instructor's command, and reads back the seconds each submission took, in all and per
+stage (the sandboxed autograde, the clean re-grade, the feedback), and the score (from
 the run's record, ``autograder/grading-run.json`` in that copy) and the longest single
 cell (from the cells' execution timestamps in the autograded notebook):
 
@@ -83,7 +84,7 @@ def main() -> int:
                     answers = {**answers, gid: DEADLOCK}  # the other exercises answered correctly
                 submission(release, subs / f"{kind}" / lesson / f"{lesson}.ipynb", answers)
         started = time.monotonic()
-        done = run_instructor_command(root, "grade", str(subs))
+        done = run_instructor_command(root, "grade", str(subs), "--jobs", "1")
         total = time.monotonic() - started
         if done.returncode != 0:
             print(done.stdout, done.stderr)
@@ -94,22 +95,29 @@ def main() -> int:
             graded = root / "autograder" / "autograded" / kind / lesson / f"{lesson}.ipynb"
             score = (run["score"], run["max_score"]) if run["score"] is not None else None
             rows.append({"lesson": lesson, "kind": kind, "seconds": run["seconds"], "status": run["status"],
+                         "stages": run.get("stages", {}),
                          "longest_cell": _longest_cell(graded) if graded.is_file() else None, "score": score})
 
     print(f"Autograding one submission, real nbgrader; machine: {machine_line()}\n")
-    print(f"{'lesson':<24} {'submission':<10} {'seconds':>8} {'longest cell':>13} {'score':>12}")
+    print(f"{'lesson':<24} {'submission':<10} {'seconds':>8} {'autograde':>10} {'clean':>6} {'feedback':>9} "
+          f"{'longest cell':>13} {'score':>12}")
     for row in rows:
         score = f"{row['score'][0]:g} / {row['score'][1]:g}" if row["score"] else "-"
         cell = f"{row['longest_cell']:.1f} s" if row["longest_cell"] is not None else "-"
-        print(f"{row['lesson']:<24} {row['kind']:<10} {row['seconds']:>8.1f} {cell:>13} {score:>12}")
+        st = row["stages"]
+        print(f"{row['lesson']:<24} {row['kind']:<10} {row['seconds']:>8.1f} {st.get('autograde', 0):>10.1f} "
+              f"{st.get('clean', 0):>6.1f} {st.get('feedback', 0):>9.1f} {cell:>13} {score:>12}")
     solution_total = sum(r["seconds"] for r in rows if r["kind"] == "solution")
     print(f"\nwhole set of solutions: {solution_total:.1f} s of autograding; the grade command took {total:.1f} s in all")
-    worst_lesson = max((r["seconds"] for r in rows if r["kind"] in ("solution", "stubs")), default=0)
-    worst_any = max((r["seconds"] for r in rows), default=0)
+    # The targets were set for nbgrader's autograde, which the sandbox now wraps; the clean
+    # re-grade and the feedback come on top (printed above, per stage).
+    autograde = lambda r: r["stages"].get("autograde", r["seconds"])  # noqa: E731
+    worst_lesson = max((autograde(r) for r in rows if r["kind"] in ("solution", "stubs")), default=0)
+    worst_any = max((autograde(r) for r in rows), default=0)
     worst_cell = max((r["longest_cell"] or 0 for r in rows), default=0)
     checks = [
-        (worst_lesson <= 60, f"no lesson over 60 s (slowest solution/stubs submission {worst_lesson:.1f} s)"),
-        (worst_any <= 120, f"every submission under 2 minutes (slowest {worst_any:.1f} s)"),
+        (worst_lesson <= 60, f"no lesson's autograde over 60 s (slowest solution/stubs submission {worst_lesson:.1f} s)"),
+        (worst_any <= 120, f"every submission's autograde under 2 minutes (slowest {worst_any:.1f} s)"),
         (worst_cell <= CELL_TIMEOUT * 0.5, f"no cell near the {CELL_TIMEOUT:g} s cell timeout (longest {worst_cell:.1f} s)"),
     ]
     for ok, text in checks:
