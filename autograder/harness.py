@@ -30,6 +30,7 @@ Example (what :meth:`autograder.kit.Attempt.run` does for a check)::
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import sysconfig
 from typing import Any, Callable, Mapping, Sequence
@@ -202,6 +203,11 @@ def run_ranks(
             nnodes=nnodes,
             init=init,
         )
+    except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._wire.restrict)
+        raise GradingFailure(
+            f"{part}: a rank {where} sent back an object that grading does not load ({err}). Return numbers, "
+            "strings, lists, dicts or tensors."
+        ) from None
     except LaunchTimeoutError as err:
         waits = "\n".join(f"  {line}" for line in err.waiting.values())
         notes = "\n".join(f"  {n}" for n in getattr(err, "notes", []))

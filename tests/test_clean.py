@@ -111,3 +111,33 @@ def test_a_constant_from_a_dropped_result_is_skipped_not_fatal():
     assert namespace["answer"](0, 1) == 42
     assert left_out == []  # the launch is in an instructor's cell: not reported to the learner
     assert skipped and 'your cell "Exercise 9.1: demo", line 2: skipped (NameError' in skipped[0], skipped
+
+
+def test_a_rank_cannot_run_code_in_the_grading_process(tmp_path):
+    """In the clean re-grade's process, does an object a rank returns that would run code when loaded fail the part instead of running?"""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    code = f"""
+import os
+from helpers import _wire
+from autograder import exercise
+from autograder.harness import GradingFailure
+_wire.restrict()
+
+class Sneaky:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+
+def hello(rank, world_size):
+    return Sneaky()
+
+try:
+    exercise("0.1").grade(hello, "hello")
+except GradingFailure as failure:
+    print("FAILED:", failure)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "FAILED: hello: a rank" in done.stdout and "does not load" in done.stdout, done.stdout + done.stderr
+    assert not marker.exists()

@@ -431,8 +431,8 @@ def test_shared_pieces():
 
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
-    "kit", "harness", "cells", "preprocessors", "scratch", "reference", "release", "lesson00", "lesson01", "lesson02",
-    "lesson03", "lesson04", "lesson08")])
+    "kit", "harness", "cells", "preprocessors", "scratch", "reference", "release", "sandbox", "clean", "summary",
+    "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson08")])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
