@@ -159,13 +159,15 @@ def test_learner_makefile_builds_the_venv_and_starts_the_lab(release):
     """Does the learner Makefile's `lab` install the `course` extra and start JupyterLab on course/,
     with --allow-root exactly when run as root? (make -n: printed, not run. Running it would build
     a venv with torch and JupyterLab, minutes of work; tests/test_colab.py installs the release.)"""
-    done = subprocess.run(["make", "-n", "lab"], cwd=release, capture_output=True, text=True)
+    # --no-print-directory: under `make test` (MAKELEVEL set) make would add "Entering directory" lines.
+    done = subprocess.run(["make", "-n", "--no-print-directory", "lab"], cwd=release, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "-m pip install -q -e '.[course]'" in done.stdout, done.stdout
     lab = [line for line in done.stdout.splitlines() if "jupyter lab course/" in line]
     assert len(lab) == 1, done.stdout
     assert ("--allow-root" in lab[0]) == (os.geteuid() == 0), lab[0]
-    clean = subprocess.run(["make", "-n", "clean-venv"], cwd=release, capture_output=True, text=True)
+    clean = subprocess.run(["make", "-n", "--no-print-directory", "clean-venv"], cwd=release, capture_output=True,
+                           text=True)
     assert clean.stdout.strip() == "rm -rf .venv", clean.stdout
 
 
