@@ -1,16 +1,22 @@
-"""A pipelined ring all-reduce: lesson 4's ring with each chunk cut into pieces, so sending overlaps adding.
+"""A faster ring all-reduce than lesson 4's: receives posted a step ahead, chunks sent in pieces.
 
-The plain ring (lesson 4) sends a chunk, waits for the whole incoming chunk, adds it, and
-only then sends it on: while a rank adds, its link is idle, and while it waits, its
-processor is. Here every chunk travels as pieces of about ``piece_bytes``. All receives of
-a step are posted at once (``irecv``, one tag per piece); as soon as piece j has arrived
-and been added, it is sent on (``isend``) as piece j of the next step, while the pieces
-after it are still in flight. The last reduce-scatter step flows straight into the
-all-gather. Each rank sends 2(p-1)/p of the tensor, as in the plain ring, in more,
-smaller messages. With ``piece_bytes=None`` every chunk is one piece: no pipelining.
+Lesson 4's ring posts each step's receive only when it is ready to take the data. On
+gloo (and most transports) a message moves only once its receiver has posted the
+matching receive, so every step of that ring starts with a round trip: "I am ready" goes
+left, and only then do the bytes come right. Here the receives of step s+1 are posted
+while step s is still running, into a second landing buffer, so the left neighbour's
+bytes flow the moment they are ready.
 
-Lesson 8 shows how it works; ``bench/ring_bench.py`` compares it with gloo's own
-``all_reduce`` and the course's reference ring.
+Every chunk also travels as pieces of at most ``piece_bytes``. All receives of a step
+are posted at once (``irecv``, one tag per step and piece); as soon as piece j has
+arrived and been added, it is sent on (``isend``) as piece j of the next step, while
+the pieces after it are still in flight, so sending and adding overlap. The last
+reduce-scatter step flows straight into the all-gather. Each rank sends 2(p-1)/p of the
+tensor, as in the plain ring, in more, smaller messages.
+
+``post_ahead=False`` and ``piece_bytes=None`` switch the two ideas off, so lesson 8 can
+measure each one; with both off this is lesson 4's ring. ``bench/ring_bench.py``
+compares it with gloo's own ``all_reduce`` and the course's reference ring.
 
 Example::
 
@@ -47,11 +53,13 @@ def ring_schedule(rank: int, world_size: int) -> list[tuple[int, int, bool]]:
     return steps
 
 
-def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 1 << 20):
-    """Sum ``tensor`` in place over every rank of the default group with a pipelined ring; return it.
+def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, post_ahead: bool = True):
+    """Sum ``tensor`` in place over every rank of the default group with a ring; return it.
 
-    ``tensor`` must be contiguous. Each chunk (ceil(n/p) elements) moves in pieces of about
-    ``piece_bytes`` (at least one element); ``None`` sends every chunk whole.
+    ``tensor`` must be contiguous. Each chunk (ceil(n/p) elements) moves in pieces of at
+    most ``piece_bytes`` (at least one element each); ``None`` sends every chunk whole.
+    With ``post_ahead`` (the default) the receives of the next step are posted before this
+    step's data is added, so that the left neighbour never waits for them.
     """
     import torch
     import torch.distributed as dist
@@ -63,7 +71,8 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 1 << 20):
     flat = tensor.view(-1)
     size = -(-flat.numel() // p)
     bounds = [(min(c * size, flat.numel()), min((c + 1) * size, flat.numel())) for c in range(p)]
-    per_piece = max(1, piece_bytes // flat.element_size()) if piece_bytes else max(1, size)
+    per_piece = min(size, max(1, piece_bytes // flat.element_size())) if piece_bytes else max(1, size)
+    per_chunk = -(-size // per_piece)  # pieces in a full chunk: tags run step * per_chunk + piece
 
     def pieces(chunk: int) -> list[tuple[int, int]]:
         start, stop = bounds[chunk]
@@ -74,27 +83,40 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 1 << 20):
     if key not in _spare:
         _spare.clear()
         _spare[key] = [torch.empty(size, dtype=flat.dtype) for _ in range(2)]
-    spare = _spare[key]  # two steps' landing buffers take turns
-    sending: dict[int, list] = {c: [] for c in range(p)}  # chunk -> isends still reading it
+    spare = _spare[key]  # consecutive reduce-scatter steps land in the two buffers by turns
+    sending: dict[int, list] = {c: [] for c in range(p)}  # chunk -> its isends, piece by piece
+
+    def post_receives(s: int) -> list:
+        """Post every receive of step s; return (where the piece lands, request) per piece."""
+        _, chunk, add = steps[s]
+        posted = []
+        for j, (a, b) in enumerate(pieces(chunk)):
+            if add:    # reduce-scatter: the piece lands in a spare buffer, to be added
+                target = spare[s % 2][a - bounds[chunk][0]:b - bounds[chunk][0]]
+            else:      # all-gather: the finished piece lands where it belongs, once the
+                target = flat[a:b]  # send that still reads the old values there is done
+                if sending[chunk]:
+                    sending[chunk][j].wait()
+            posted.append((target, dist.irecv(target, left, tag=s * per_chunk + j)))
+        if not add:
+            sending[chunk] = []
+        return posted
+
+    receives = {0: post_receives(0)}
     first = steps[0][0]  # step 0's chunk is ready at once: all of its pieces go now
     sending[first] = [dist.isend(flat[a:b], right, tag=j) for j, (a, b) in enumerate(pieces(first))]
-    for s, (_, recv_chunk, add) in enumerate(steps):
-        r0 = bounds[recv_chunk][0]
-        if add:  # reduce-scatter: a piece lands in a spare buffer, to be added
-            targets = [spare[s % 2][a - r0:b - r0] for a, b in pieces(recv_chunk)]
-        else:    # all-gather: a finished piece lands where it belongs ...
-            for request in sending[recv_chunk]:  # ... once no send still reads the old values there
-                request.wait()
-            sending[recv_chunk] = []
-            targets = [flat[a:b] for a, b in pieces(recv_chunk)]
-        receives = [dist.irecv(target, left, tag=j) for j, target in enumerate(targets)]
+    for s, (_, chunk, add) in enumerate(steps):
         last = s == len(steps) - 1
-        for j, ((a, b), request) in enumerate(zip(pieces(recv_chunk), receives)):
+        if post_ahead and not last:
+            receives[s + 1] = post_receives(s + 1)
+        for j, ((a, b), (target, request)) in enumerate(zip(pieces(chunk), receives.pop(s))):
             request.wait()
             if add:
-                flat[a:b] += targets[j]
+                flat[a:b] += target
             if not last:  # what arrived (and was added) is the next step's piece j: pass it on now
-                sending[recv_chunk].append(dist.isend(flat[a:b], right, tag=j))
+                sending[chunk].append(dist.isend(flat[a:b], right, tag=(s + 1) * per_chunk + j))
+        if not post_ahead and not last:
+            receives[s + 1] = post_receives(s + 1)
     for requests in sending.values():
         for request in requests:
             request.wait()

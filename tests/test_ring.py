@@ -22,25 +22,61 @@ def test_the_schedule_is_lesson_4s(world_size):
 
 def _sums(rank, world_size, cases):
     out = []
-    for numel, dtype_name, piece in cases:
+    for numel, dtype_name, piece, ahead in cases:
         g = torch.Generator().manual_seed(rank)
         t = (torch.randn(numel, generator=g) * 100).to(getattr(torch, dtype_name))
         expected = t.clone()
         dist.all_reduce(expected)                     # gloo's own answer, for comparison
-        same = pipelined_ring_allreduce(t, piece) is t
+        same = pipelined_ring_allreduce(t, piece, post_ahead=ahead) is t
         out.append((same, bool(torch.allclose(t.double(), expected.double(), rtol=1e-5, atol=1e-3))))
     return out
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_pipelined_ring_sums_like_all_reduce(world_size):
-    """Does it sum in place like dist.all_reduce for sizes below, at and above the world size, tiny and whole-chunk pieces, three dtypes?"""
-    cases = [(1, "float32", 4), (3, "float32", 4), (10, "float64", 8), (1001, "float32", 64), (1001, "int64", None),
-             (50_000, "float32", 1 << 12)]
+    """Does it sum in place like dist.all_reduce for sizes below, at and above the world size, tiny, uneven and
+    whole-chunk pieces, three dtypes, with receives posted a step ahead and not?"""
+    cases = [(1, "float32", 4, True), (3, "float32", 4, False), (10, "float64", 8, True), (1001, "float32", 64, True),
+             (1001, "float32", 64, False), (1001, "int64", None, True), (1001, "int64", None, False),
+             (50_000, "float32", 1 << 12, True), (50_001, "float32", 12_000, True), (20_000, "float32", 1 << 30, True)]
     for rank, results in enumerate(launch(_sums, world_size, (cases,), output="quiet", timeout=60)):
-        for (numel, dtype_name, piece), (same, right) in zip(cases, results):
+        for (numel, dtype_name, piece, ahead), (same, right) in zip(cases, results):
             assert same, f"rank {rank}: the result is not the tensor passed in ({numel} {dtype_name})"
-            assert right, f"rank {rank} of {world_size}: wrong sum for {numel} {dtype_name} in pieces of {piece} bytes"
+            assert right, (f"rank {rank} of {world_size}: wrong sum for {numel} {dtype_name} in pieces of {piece} "
+                           f"bytes, post_ahead={ahead}")
+
+
+def _traffic(rank, world_size, numel, piece):
+    from helpers.instrument import current
+
+    inst = current()
+    t = torch.ones(numel)
+    inst.tracing = True
+    pipelined_ring_allreduce(t, piece)
+    inst.tracing = False
+    events = inst.take_events()
+    sent = [(e.peer, e.nbytes) for e in events if e.op == "isend"]
+    received = [(e.peer, e.nbytes) for e in events if e.op == "irecv"]
+    return sent, received, bool((t == world_size).all())
+
+
+@pytest.mark.parametrize("world_size,numel,piece", [(3, 3000, 1000), (4, 10_000, None), (4, 10_001, 4096)])
+def test_it_sends_what_the_plain_ring_sends_only_to_the_right(world_size, numel, piece):
+    """Does every rank send exactly 2(p-1)/p of the tensor (as lesson 4's ring), all of it to the right neighbour,
+    receive only from the left one, in pieces of at most piece_bytes?"""
+    chunk = -(-numel // world_size)
+    for rank, (sent, received, right) in enumerate(launch(_traffic, world_size, (numel, piece), output="quiet",
+                                                          timeout=60)):
+        assert right, f"rank {rank}: wrong sum"
+        def length(c):
+            return min(chunk, max(0, numel - (c % world_size) * chunk))
+        # Reduce-scatter: every chunk but its own goes right; all-gather: every chunk but its right neighbour's.
+        assert sum(n for _, n in sent) == 4 * (2 * numel - length(rank) - length(rank + 1)), (rank, sent)
+        assert sum(n for _, n in received) == 4 * (2 * numel - length(rank - 1) - length(rank)), (rank, received)
+        assert {peer for peer, _ in sent} == {(rank + 1) % world_size}, sent
+        assert {peer for peer, _ in received} == {(rank - 1) % world_size}, received
+        largest = piece if piece else 4 * chunk
+        assert max(n for _, n in sent) <= largest, (rank, max(n for _, n in sent), largest)
 
 
 def test_docstring_examples_run():
