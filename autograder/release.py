@@ -7,8 +7,8 @@ set-up cell clones it (``REPOSITORY`` in :mod:`autograder.colab`). It holds:
 
 - ``course/``: the learner notebooks, as committed (the build stops if one has outputs);
 - ``helpers/``: the whole runtime package. That includes ``helpers/ring.py``, whose
-  pipelined ring all-reduce lesson 08 prints and runs; with ``piece_bytes=None`` it is a
-  working plain ring, so it shows a learner one answer to Exercise 4.4. It ships anyway:
+  pipelined ring all-reduce lesson 08 prints and runs; with ``piece_bytes=None, ahead=0``
+  it is a working plain ring, so it shows a learner one answer to Exercise 4.4. It ships anyway:
   lesson 08 cannot be taught without it, and it comes after lesson 04;
 - ``autograder/``: ``__init__.py``, ``kit.py``, ``harness.py`` and every ``lessonNN.py``
   rewritten by :func:`prune_lesson`: each ``Part``'s check becomes

@@ -4,14 +4,15 @@ Run: ``make bench-ring`` or ``.venv/bin/python bench/ring_bench.py [--sizes 4M,1
 [--repeats N] [--piece BYTES] [--json PATH]``
 
 Lesson 8 asks how close a ring written in Python with point-to-point calls can come to
-gloo's own ``all_reduce``. Four all-reduces are timed inside the same ranks, in a
-shuffled order in every round, so that the machine's noise falls on all of them alike:
+gloo's own ``all_reduce``. Four all-reduces are timed inside the same ranks, each once in
+every round, in orders where each follows each other equally often, so that the machine's
+noise and what a call leaves behind for the next fall on all of them alike:
 
 - ``gloo``: ``dist.all_reduce``;
 - ``ring``: the instructor's reference ring (``autograder/reference.py``, Exercise 4.4),
   which posts each receive only when it needs the data, and sends chunks whole;
 - ``ahead``: ``helpers.ring.pipelined_ring_allreduce(t, piece_bytes=None)``, the same
-  ring with the receives of the next step posted a step early (whole chunks);
+  ring with the receives of the next two steps posted early (whole chunks);
 - ``pipelined``: ``helpers.ring.pipelined_ring_allreduce(t, piece_bytes=--piece)``,
   receives posted early and chunks cut into pieces, so that sending overlaps adding.
 
@@ -74,9 +75,8 @@ def judged(world_size: int, nbytes: int) -> bool:
     return world_size == TARGET_WORLD and TARGET_SIZES[0] <= nbytes <= TARGET_SIZES[1]
 
 
-def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piece: int, seed: int) -> dict:
+def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piece: int) -> dict:
     """On every rank: each kind's seconds per round at each size (the slowest rank's, per call)."""
-    import random
     import time
 
     import torch
@@ -91,16 +91,15 @@ def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piec
         "ahead": lambda t: pipelined_ring_allreduce(t, piece_bytes=None),
         "pipelined": lambda t: pipelined_ring_allreduce(t, piece_bytes=piece),
     }
-    order = random.Random(seed)  # the same seed on every rank: all ranks switch together
+    orders = balanced_orders(KINDS)
     out: dict = {}
     for n in sizes:
         t = torch.ones(max(1, n // 4), dtype=torch.float32)
         calls = batch_calls(n)
         times: dict[str, list[float]] = {k: [] for k in KINDS}
         for i in range(repeats + 1):
-            kinds = list(KINDS)
-            order.shuffle(kinds)
-            for kind in kinds:
+            # Round 0 warms up; then the orders take turns, so that every kind follows every other equally often.
+            for kind in orders[(i - 1) % len(orders)]:
                 t.fill_(1.0)
                 dist.barrier()
                 start = time.perf_counter()
@@ -116,6 +115,28 @@ def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piec
                                        f"{t[0].item()}, {t[-1].item()} instead of {expected}")
         out[str(n)] = times
     return out
+
+
+def balanced_orders(kinds: tuple[str, ...]) -> list[list[str]]:
+    """Orders for the rounds in which every kind directly follows every other kind exactly once (a Williams square).
+
+    A call runs a little faster or slower depending on what ran just before it (how far
+    apart the ranks left it, what it left in the caches); in a fixed or seeded order that
+    bias falls on some kinds more than others. Over these orders it falls on all alike.
+    For an even number of kinds.
+
+    >>> for order in balanced_orders(("a", "b", "c", "d")):
+    ...     print(" ".join(order))
+    a b d c
+    b c a d
+    c d b a
+    d a c b
+    """
+    n = len(kinds)
+    first = [0]
+    for k in range(1, n):
+        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    return [[kinds[(i + r) % n] for i in first] for r in range(n)]
 
 
 def batch_calls(nbytes: int) -> int:
@@ -152,7 +173,7 @@ def summarize(nbytes: int, world_size: int, times: dict[str, list[float]]) -> di
 
 def measure(world_size: int, sizes: list[int], repeats: int, piece: int) -> dict:
     """Seconds per kind per round per size on ``world_size`` fresh ranks."""
-    result = launch(_time_kinds, world_size, (sizes, repeats, piece, 1234), output="quiet", timeout=900)
+    result = launch(_time_kinds, world_size, (sizes, repeats, piece), output="quiet", timeout=900)
     return result[0]
 
 
@@ -160,7 +181,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4M,16M,64M", help="tensor sizes in bytes, K/M suffixes (default 4M,16M,64M)")
     parser.add_argument("--world-sizes", default="4,2", help="numbers of ranks (default 4,2)")
-    parser.add_argument("--repeats", type=int, default=21, help="timed rounds per size (default 21)")
+    parser.add_argument("--repeats", type=int, default=24,
+                        help="timed rounds per size, best a multiple of 4 (default 24)")
     parser.add_argument("--piece", default="4M", help="the pipelined ring's largest piece in bytes (default 4M)")
     parser.add_argument("--json", help="write the numbers, every round's included, to this file")
     args = parser.parse_args()
@@ -168,8 +190,9 @@ def main() -> int:
     worlds = [int(w) for w in args.world_sizes.split(",")]
     piece = parse_size(args.piece)
     print(f"Machine: {machine_line()}")
-    print(f"All-reduce of float32 tensors, {args.repeats} rounds per size, the four kinds in a shuffled order in "
-          f"each round, slowest rank per call; pipelined pieces of at most {size_label(piece)}")
+    print(f"All-reduce of float32 tensors, {args.repeats} rounds per size, the four kinds in each round in balanced "
+          f"orders (each follows each other equally often), {batch_calls(max(sizes))}-{batch_calls(min(sizes))} calls "
+          f"back to back per sample, slowest rank per call; pipelined pieces of at most {size_label(piece)}")
     print("Bus bandwidth: median over the rounds. Ratio: median over the rounds of gloo's time / the ring's time.\n")
     report: dict = {"machine": machine_line(), "piece": piece, "repeats": args.repeats, "target": TARGET,
                     "load_before": loadavg(), "results": []}

@@ -189,14 +189,15 @@ class Instrument:
         self.seq = 0
         self._local = threading.local()
         self._board = board
+        self._write = board.writer(rank) if board is not None else None
         self._originals: dict[tuple[Any, str], Any] = {}
 
     # -- board ------------------------------------------------------------------------
 
     def post(self, phase: str, call: str | None = None, peer: int | None = None,
              nbytes: int | None = None, members: int | None = None) -> None:
-        if self._board is not None:
-            self._board.post(self.rank, phase, call, peer=peer, seq=self.seq, nbytes=nbytes, members=members)
+        if self._write is not None:
+            self._write(phase, call, peer, self.seq, nbytes, members)
 
     # -- install ----------------------------------------------------------------------
 
@@ -369,21 +370,32 @@ class Instrument:
         is_p2p = name in POINT_TO_POINT
         inst = self
         local = self._local
+        position = {p: i for i, p in enumerate(params)}
+
+        def argument(args: tuple, kwargs: dict, param: str | None) -> Any:
+            # What the call passed for ``param``, by position or by name (this runs on every call:
+            # no dict of every argument unless tracing needs one).
+            if param is None:
+                return None
+            i = position.get(param)
+            if i is not None and i < len(args):
+                return args[i]
+            return kwargs.get(param)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if name in inst.forbidden:
                 raise ForbiddenCallError(f"torch.distributed.{name}", inst.forbidden[name])
             if getattr(local, "depth", 0):  # a call made by another wrapped call
                 return fn(*args, **kwargs)
-            bound = dict(zip(params, args))
-            bound.update(kwargs)
-            peer = bound.get(peer_param) if peer_param else None
-            group = bound.get("group")
-            if peer is None and group_peer_param and bound.get(group_peer_param) is not None:
-                peer = _global_rank(group, bound[group_peer_param])
+            peer = argument(args, kwargs, peer_param)
+            group = argument(args, kwargs, "group")
+            if peer is None and group_peer_param:
+                group_peer = argument(args, kwargs, group_peer_param)
+                if group_peer is not None:
+                    peer = _global_rank(group, group_peer)
             if name == "batch_isend_irecv":
-                return inst._batch(fn, bound.get("p2p_op_list") or [])
-            tensor = bound.get(tensor_param) if tensor_param else None
+                return inst._batch(fn, argument(args, kwargs, "p2p_op_list") or [])
+            tensor = argument(args, kwargs, tensor_param)
             nbytes = _nbytes(tensor)
             members = None if is_p2p else _members(group)
             if not is_p2p:
@@ -399,6 +411,9 @@ class Instrument:
                 inst.post("running")
             if name == "recv" and peer is None and isinstance(result, int):
                 peer = result  # receive from any source: now we know who sent
+            if inst.tracing:
+                bound = dict(zip(params, args))
+                bound.update(kwargs)
             if _is_work(result) and _called_from_torch():
                 # torch's own code (DDP's Join support, for one) hands the request to C++,
                 # which takes only the real Work: record the call, return the request as is.

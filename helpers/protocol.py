@@ -42,7 +42,7 @@ import struct
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from .errors import RankFailedError, relabel_traceback, signal_name
 
@@ -488,10 +488,22 @@ class Board:
 
     def post(self, rank: int, phase: str, call: str | None = None, *, peer: int | None = None,
              seq: int = 0, nbytes: int | None = None, members: int | None = None) -> None:
-        _SLOT_FORMAT.pack_into(
-            self._map, rank * _SLOT, _PHASE_INDEX[phase], _CALL_INDEX.get(call, 0) if call else 0,
-            -1 if peer is None else int(peer), seq, int(nbytes or 0), int(members or 0), time.perf_counter(),
-        )
+        self.writer(rank)(phase, call, peer, seq, nbytes, members)
+
+    def writer(self, rank: int) -> Callable[..., None]:
+        """A function that writes ``rank``'s slot: ``write(phase, call, peer, seq, nbytes, members)``.
+
+        What :meth:`post` does, with the slot's place worked out once: a rank's wrappers
+        write their slot around every call, so each microsecond here is paid many times.
+        """
+        pack, buffer, offset, clock = _SLOT_FORMAT.pack_into, self._map, rank * _SLOT, time.perf_counter
+
+        def write(phase: str, call: str | None = None, peer: int | None = None, seq: int = 0,
+                  nbytes: int | None = None, members: int | None = None) -> None:
+            pack(buffer, offset, _PHASE_INDEX[phase], _CALL_INDEX.get(call, 0) if call else 0,
+                 -1 if peer is None else int(peer), seq, int(nbytes or 0), int(members or 0), clock())
+
+        return write
 
     def read(self) -> list[BoardRecord]:
         out = []

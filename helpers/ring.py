@@ -1,11 +1,12 @@
-"""A faster ring all-reduce than lesson 4's: receives posted a step ahead, chunks sent in pieces.
+"""A faster ring all-reduce than lesson 4's: receives posted steps ahead, chunks sent in pieces.
 
 Lesson 4's ring posts each step's receive only when it is ready to take the data. On
 gloo (and most transports) a message moves only once its receiver has posted the
 matching receive, so every step of that ring starts with a round trip: "I am ready" goes
-left, and only then do the bytes come right. Here the receives of step s+1 are posted
-while step s is still running, into a second landing buffer, so the left neighbour's
-bytes flow the moment they are ready.
+left, and only then do the bytes come right. Here the receives of the next ``ahead``
+steps are posted while this step is still running, each into a landing buffer of its
+own, so the left neighbour's bytes flow the moment they are ready, even when it runs a
+step or two ahead on a busy machine.
 
 Every chunk also travels as pieces of at most ``piece_bytes``. All receives of a step
 are posted at once (``irecv``, one tag per step and piece); as soon as piece j has
@@ -14,9 +15,9 @@ the pieces after it are still in flight, so sending and adding overlap. The last
 reduce-scatter step flows straight into the all-gather. Each rank sends 2(p-1)/p of the
 tensor, as in the plain ring, in more, smaller messages.
 
-``post_ahead=False`` and ``piece_bytes=None`` switch the two ideas off, so lesson 8 can
-measure each one; with both off this is lesson 4's ring. ``bench/ring_bench.py``
-compares it with gloo's own ``all_reduce`` and the course's reference ring.
+``ahead=0`` and ``piece_bytes=None`` switch the two ideas off, so lesson 8 can measure
+each one; with both off this is lesson 4's ring. ``bench/ring_bench.py`` compares it
+with gloo's own ``all_reduce`` and the course's reference ring.
 
 Example::
 
@@ -53,14 +54,27 @@ def ring_schedule(rank: int, world_size: int) -> list[tuple[int, int, bool]]:
     return steps
 
 
-def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, post_ahead: bool = True):
+def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, ahead: int = 2):
     """Sum ``tensor`` in place over every rank of the default group with a ring; return it.
 
     ``tensor`` must be contiguous. Each chunk (ceil(n/p) elements) moves in pieces of at
     most ``piece_bytes`` (at least one element each); ``None`` sends every chunk whole.
-    With ``post_ahead`` (the default) the receives of the next step are posted before this
-    step's data is added, so that the left neighbour never waits for them.
+    The receives of the next ``ahead`` steps (at most p-1) are posted before this step's
+    data is waited for, so that the left neighbour does not wait for them; ``0`` posts
+    each step's receives only when the step begins. The reduce-scatter needs a landing
+    buffer per step in flight: min(ahead + 1, p - 1) chunks, kept for the next call.
+
+    >>> pipelined_ring_allreduce(None, piece_bytes=0)
+    Traceback (most recent call last):
+    ValueError: piece_bytes must be a positive number of bytes or None (whole chunks), not 0
+    >>> pipelined_ring_allreduce(None, ahead=-1)
+    Traceback (most recent call last):
+    ValueError: ahead must be a whole number of steps, 0 or more, not -1
     """
+    if piece_bytes is not None and (not isinstance(piece_bytes, int) or piece_bytes < 1):
+        raise ValueError(f"piece_bytes must be a positive number of bytes or None (whole chunks), not {piece_bytes!r}")
+    if not isinstance(ahead, int) or ahead < 0:
+        raise ValueError(f"ahead must be a whole number of steps, 0 or more, not {ahead!r}")
     import torch
     import torch.distributed as dist
 
@@ -79,11 +93,16 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, post_ahe
         return [(i, min(i + per_piece, stop)) for i in range(start, stop, per_piece)]
 
     steps = ring_schedule(rank, p)
-    key = (size, flat.dtype)
+    # Receives posted this many steps early. An all-gather receive overwrites a chunk this
+    # rank sent in the reduce-scatter, p-1 steps before; going further ahead than p-1 would
+    # wait for sends not made yet.
+    ahead = min(ahead, p - 1)
+    landing = max(1, min(ahead + 1, p - 1))  # reduce-scatter steps in flight at once
+    key = (size, flat.dtype, landing)
     if key not in _spare:
         _spare.clear()
-        _spare[key] = [torch.empty(size, dtype=flat.dtype) for _ in range(2)]
-    spare = _spare[key]  # consecutive reduce-scatter steps land in the two buffers by turns
+        _spare[key] = [torch.empty(size, dtype=flat.dtype) for _ in range(landing)]
+    spare = _spare[key]  # reduce-scatter step s lands in spare[s % landing]
     sending: dict[int, list] = {c: [] for c in range(p)}  # chunk -> its isends, piece by piece
 
     def post_receives(s: int) -> list:
@@ -92,7 +111,7 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, post_ahe
         posted = []
         for j, (a, b) in enumerate(pieces(chunk)):
             if add:    # reduce-scatter: the piece lands in a spare buffer, to be added
-                target = spare[s % 2][a - bounds[chunk][0]:b - bounds[chunk][0]]
+                target = spare[s % landing][a - bounds[chunk][0]:b - bounds[chunk][0]]
             else:      # all-gather: the finished piece lands where it belongs, once the
                 target = flat[a:b]  # send that still reads the old values there is done
                 if sending[chunk]:
@@ -102,21 +121,20 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, post_ahe
             sending[chunk] = []
         return posted
 
-    receives = {0: post_receives(0)}
+    receives = {s: post_receives(s) for s in range(ahead)}
     first = steps[0][0]  # step 0's chunk is ready at once: all of its pieces go now
     sending[first] = [dist.isend(flat[a:b], right, tag=j) for j, (a, b) in enumerate(pieces(first))]
     for s, (_, chunk, add) in enumerate(steps):
+        for early in range(s, min(s + ahead, len(steps) - 1) + 1):
+            if early not in receives:  # step s's own receives, then the ones ahead of it
+                receives[early] = post_receives(early)
         last = s == len(steps) - 1
-        if post_ahead and not last:
-            receives[s + 1] = post_receives(s + 1)
         for j, ((a, b), (target, request)) in enumerate(zip(pieces(chunk), receives.pop(s))):
             request.wait()
             if add:
                 flat[a:b] += target
             if not last:  # what arrived (and was added) is the next step's piece j: pass it on now
                 sending[chunk].append(dist.isend(flat[a:b], right, tag=(s + 1) * per_chunk + j))
-        if not post_ahead and not last:
-            receives[s + 1] = post_receives(s + 1)
     for requests in sending.values():
         for request in requests:
             request.wait()

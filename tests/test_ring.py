@@ -27,7 +27,7 @@ def _sums(rank, world_size, cases):
         t = (torch.randn(numel, generator=g) * 100).to(getattr(torch, dtype_name))
         expected = t.clone()
         dist.all_reduce(expected)                     # gloo's own answer, for comparison
-        same = pipelined_ring_allreduce(t, piece, post_ahead=ahead) is t
+        same = pipelined_ring_allreduce(t, piece, ahead=ahead) is t
         out.append((same, bool(torch.allclose(t.double(), expected.double(), rtol=1e-5, atol=1e-3))))
     return out
 
@@ -35,15 +35,16 @@ def _sums(rank, world_size, cases):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_pipelined_ring_sums_like_all_reduce(world_size):
     """Does it sum in place like dist.all_reduce for sizes below, at and above the world size, tiny, uneven and
-    whole-chunk pieces, three dtypes, with receives posted a step ahead and not?"""
-    cases = [(1, "float32", 4, True), (3, "float32", 4, False), (10, "float64", 8, True), (1001, "float32", 64, True),
-             (1001, "float32", 64, False), (1001, "int64", None, True), (1001, "int64", None, False),
-             (50_000, "float32", 1 << 12, True), (50_001, "float32", 12_000, True), (20_000, "float32", 1 << 30, True)]
+    whole-chunk pieces, three dtypes, with receives posted 0, 1, 2, 3 and (more than p-1) 9 steps ahead?"""
+    cases = [(1, "float32", 4, 2), (3, "float32", 4, 0), (10, "float64", 8, 2), (1001, "float32", 64, 2),
+             (1001, "float32", 64, 0), (1001, "float32", 64, 1), (1001, "float32", 64, 9), (1001, "int64", None, 2),
+             (1001, "int64", None, 0), (50_000, "float32", 1 << 12, 3), (50_001, "float32", 12_000, 2),
+             (20_000, "float32", 1 << 30, 2)]
     for rank, results in enumerate(launch(_sums, world_size, (cases,), output="quiet", timeout=60)):
         for (numel, dtype_name, piece, ahead), (same, right) in zip(cases, results):
             assert same, f"rank {rank}: the result is not the tensor passed in ({numel} {dtype_name})"
             assert right, (f"rank {rank} of {world_size}: wrong sum for {numel} {dtype_name} in pieces of {piece} "
-                           f"bytes, post_ahead={ahead}")
+                           f"bytes, ahead={ahead}")
 
 
 def _traffic(rank, world_size, numel, piece):
