@@ -78,6 +78,14 @@ def pipelined_ring_allreduce(tensor, piece_bytes: int | None = 4 << 20, ahead: i
     import torch
     import torch.distributed as dist
 
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"pipelined_ring_allreduce is written for CPU tensors over gloo, and this tensor is on "
+            f"{tensor.device}. It posts receives before the matching sends and tells messages apart by tag; "
+            "nccl ignores tags and runs a pair's sends and receives in the order they were issued, so on "
+            "GPUs this ring could deadlock. Move the tensor to the CPU (tensor.cpu()) and launch with "
+            "backend='gloo', or use dist.all_reduce, whose nccl ring is already pipelined."
+        )
     rank, p = dist.get_rank(), dist.get_world_size()
     if p == 1:
         return tensor

@@ -49,3 +49,25 @@ def test_persistent_ranks_on_nccl():
         cluster.exec("x = torch.ones(4, device='cuda') * (rank + 1); dist.all_reduce(x)")
         assert [v.tolist() for v in cluster.pull("x")] == [[3.0] * 4] * 2
         assert cluster.exec("x.device.index") == [0, 1]
+
+
+def _cuda_pipelined_ring(rank, world_size):
+    import torch
+
+    from helpers.ring import pipelined_ring_allreduce
+
+    t = torch.ones(1000, device="cuda")
+    try:
+        pipelined_ring_allreduce(t)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.gpu
+@needs_two
+def test_pipelined_ring_refuses_cuda_tensors_with_the_reason():
+    """On nccl, does lesson 8's ring (written for gloo's tags) refuse a CUDA tensor at once, saying why and what to do,
+    instead of risking a deadlock?"""
+    for message in launch(_cuda_pipelined_ring, 2, output="quiet"):
+        assert message and "cuda:" in message and "nccl ignores tags" in message and "backend='gloo'" in message

@@ -88,3 +88,10 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(helpers.ring)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_a_tensor_off_the_cpu_is_refused_with_the_reason():
+    """Is a tensor that is not on the CPU (here a 'meta' one, which any machine has) refused before any message,
+    with what to do instead? On nccl, tags are ignored and receives posted early could deadlock."""
+    with pytest.raises(ValueError, match=r"on meta\. .*nccl ignores tags.*backend='gloo'"):
+        pipelined_ring_allreduce(torch.ones(8, device="meta"))
