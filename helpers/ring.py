@@ -16,8 +16,9 @@ reduce-scatter step flows straight into the all-gather. Each rank sends 2(p-1)/p
 tensor, as in the plain ring, in more, smaller messages.
 
 ``ahead=0`` and ``piece_bytes=None`` switch the two ideas off, so lesson 8 can measure
-each one; with both off this is lesson 4's ring. ``bench/ring_bench.py`` compares it
-with gloo's own ``all_reduce`` and the course's reference ring.
+each one; with both off this is lesson 4's ring. This is the instructor's reference ring
+of lesson 8: ``bench/ring_bench.py`` compares it with gloo's own ``all_reduce`` and with
+lesson 4's plain ring (the answer to Exercise 4.4).
 
 Example::
 
