@@ -140,7 +140,7 @@ class _Rank:
         store = dist.FileStore(group.store_path, group.world_size)
         store.set_timeout(timeout)
         kwargs: dict[str, Any] = {}
-        if group.backend == "nccl":
+        if "nccl" in group.backend:  # "nccl", or "cpu:gloo,cuda:nccl" from backend="auto"
             device = torch.device("cuda", self.spec.device)
             torch.cuda.set_device(device)
             kwargs["device_id"] = device

@@ -1,8 +1,12 @@
 """Choosing the communication backend, and what this machine offers.
 
 ``backend="auto"`` picks nccl when CUDA is available with at least one GPU per rank, and
-gloo (CPU) otherwise. An explicit choice that cannot work here fails before any rank
-starts, with a message that names the fix.
+gloo (CPU) otherwise. When it picks nccl, the group is made with ``"cpu:gloo,cuda:nccl"``:
+CUDA tensors go through nccl and CPU tensors through gloo, so the lessons' CPU code runs
+unchanged on a machine full of GPUs (nccl alone has no CPU path, and would refuse them).
+An explicit ``backend="nccl"`` gives nccl alone, as ``init_process_group("nccl")`` does on
+a cluster. An explicit choice that cannot work here fails before any rank starts, with a
+message that names the fix.
 
 Example::
 
@@ -31,10 +35,28 @@ class Choice:
     name: str
     devices: tuple[int, ...] | None
     reason: str
+    cpu_gloo: bool = False  # CPU tensors go through gloo in the same group (backend="auto" on GPUs)
+
+    @property
+    def init_backend(self) -> str:
+        """The string each rank gives ``init_process_group``.
+
+        >>> Choice("nccl", (0, 1), "", cpu_gloo=True).init_backend
+        'cpu:gloo,cuda:nccl'
+        >>> Choice("gloo", None, "").init_backend
+        'gloo'
+        """
+        return "cpu:gloo,cuda:nccl" if self.cpu_gloo else self.name
 
     def describe(self, world_size: int) -> str:
+        """One line for the launch banner.
+
+        >>> Choice("nccl", (0, 1), "", cpu_gloo=True).describe(2)
+        'nccl (GPUs 0-1; CPU tensors through gloo)'
+        """
         where = "CPU" if self.devices is None else f"GPUs 0-{world_size - 1}" if world_size > 1 else "GPU 0"
-        return f"{self.name} ({where}{'; ' + self.reason if self.reason else ''})"
+        notes = [where] + (["CPU tensors through gloo"] if self.cpu_gloo else []) + ([self.reason] if self.reason else [])
+        return f"{self.name} ({'; '.join(notes)})"
 
 
 def machine_info() -> dict[str, Any]:
@@ -55,7 +77,7 @@ def resolve_backend(backend: str, world_size: int, info: dict[str, Any]) -> Choi
     gpus = int(info.get("cuda_count") or 0)
     if backend == "auto":
         if info.get("nccl") and gpus >= world_size:
-            return Choice("nccl", tuple(range(world_size)), "")
+            return Choice("nccl", tuple(range(world_size)), "", cpu_gloo=bool(info.get("gloo", True)))
         if gpus and gpus < world_size:
             return Choice("gloo", None, f"{gpus} GPU{'s' if gpus != 1 else ''} for {world_size} ranks is too few for nccl")
         return Choice("gloo", None, "")

@@ -105,7 +105,7 @@ class Cluster:
         group = RankGroup(
             factory,
             self.world_size,
-            backend=self.choice.name,
+            backend=self.choice.init_backend,
             timeout=self.timeout,
             nnodes=self.nnodes,
             router=router,

@@ -162,7 +162,8 @@ def launch(
     args, kwargs:
         Extra positional and keyword arguments for ``fn``, the same for every rank.
     backend:
-        ``"auto"`` (nccl with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"`` or ``"mpi"``.
+        ``"auto"`` (nccl with one GPU per rank, CPU tensors through gloo; else gloo), ``"gloo"``,
+        ``"nccl"`` (CUDA tensors only) or ``"mpi"``.
     nnodes:
         Simulate this many hosts of ``world_size // nnodes`` ranks each, so ``LOCAL_RANK``
         and ``GROUP_RANK`` differ from ``RANK`` the way they do on a cluster.
@@ -212,7 +213,7 @@ def launch(
     choice = resolve_backend(backend, world_size, factory.info)
     announce(router, f"Launching {world_size} rank{'s' if world_size > 1 else ''} on {choice.describe(world_size)}"
              + (f", {nnodes} simulated hosts" if nnodes > 1 else ""))
-    group = RankGroup(factory, world_size, backend=choice.name, timeout=timeout, nnodes=nnodes, init=init,
+    group = RankGroup(factory, world_size, backend=choice.init_backend, timeout=timeout, nnodes=nnodes, init=init,
                       router=router, devices=list(choice.devices) if choice.devices else None, forbid=reasons)
     outcome = _run_once(group, Call(0, payload, trace), timeout)
     results = LaunchResult(outcome.replies[r].value() for r in range(world_size))

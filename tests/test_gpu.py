@@ -21,6 +21,24 @@ def _cuda_allreduce(rank, world_size):
     return {"device": torch.cuda.current_device(), "backend": dist.get_backend(), "value": t[0].item(), "tensor": t}
 
 
+def _cpu_and_cuda(rank, world_size):
+    """What the lessons do (CPU tensors: a collective, and a tagged send/recv around the ring) next to a CUDA one."""
+    import torch
+    import torch.distributed as dist
+
+    cpu = torch.ones(8) * (rank + 1)
+    dist.all_reduce(cpu)
+    got = torch.zeros(2)
+    reqs = [dist.isend(torch.full((2,), float(rank)), (rank + 1) % world_size, tag=7),
+            dist.irecv(got, (rank - 1) % world_size, tag=7)]
+    for req in reqs:
+        req.wait()
+    cuda = torch.ones(4, device="cuda")
+    dist.all_reduce(cuda)
+    return {"backend": str(dist.get_backend()), "cpu": cpu[0].item(), "from_left": got[0].item(),
+            "cuda": cuda[0].item()}
+
+
 @pytest.mark.gpu
 @needs_two
 def test_auto_picks_nccl_with_one_gpu_per_rank():
@@ -28,7 +46,27 @@ def test_auto_picks_nccl_with_one_gpu_per_rank():
     result = launch(_cuda_allreduce, 2, output="quiet")
     assert result.backend == "nccl"
     assert [r["device"] for r in result] == [0, 1]
-    assert all(r["backend"] == "nccl" and r["value"] == 3.0 for r in result)
+    assert all("nccl" in r["backend"] and r["value"] == 3.0 for r in result)
+
+
+@pytest.mark.gpu
+@needs_two
+def test_auto_on_gpus_still_runs_the_lessons_cpu_tensors():
+    """On a machine with a GPU per rank, backend='auto' picks nccl; do the lessons' CPU tensors (collectives, tagged
+    point-to-point) still work in the same group, through gloo, next to CUDA tensors through nccl?"""
+    result = launch(_cpu_and_cuda, 2, output="quiet")
+    assert result.backend == "nccl"
+    assert [(r["cpu"], r["cuda"]) for r in result] == [(3.0, 2.0)] * 2
+    assert [r["from_left"] for r in result] == [1.0, 0.0]
+    assert all("cpu:gloo" in r["backend"] and "cuda:nccl" in r["backend"] for r in result), result
+
+
+@pytest.mark.gpu
+@needs_two
+def test_explicit_nccl_is_nccl_alone():
+    """Does backend='nccl' give nccl alone, as init_process_group('nccl') does on a cluster (CPU tensors refused)?"""
+    result = launch(_cuda_allreduce, 2, backend="nccl", output="quiet")
+    assert [r["backend"] for r in result] == ["nccl", "nccl"] and result[0]["value"] == 3.0
     assert all(r["tensor"].device.type == "cpu" for r in result)
 
 

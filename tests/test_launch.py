@@ -405,6 +405,30 @@ def _noop(rank, ws):
 
 
 @pytest.mark.parametrize(
+    "backend, world_size, info, name, init_backend",
+    [
+        ("auto", 4, {"gloo": True, "nccl": False, "cuda_count": 0}, "gloo", "gloo"),
+        ("auto", 4, {"gloo": True, "nccl": True, "cuda_count": 2}, "gloo", "gloo"),
+        ("auto", 2, {"gloo": True, "nccl": True, "cuda_count": 2}, "nccl", "cpu:gloo,cuda:nccl"),
+        ("nccl", 2, {"gloo": True, "nccl": True, "cuda_count": 4}, "nccl", "nccl"),
+        ("GLOO", 2, {"gloo": True, "nccl": True, "cuda_count": 4}, "gloo", "gloo"),
+    ],
+    ids=["cpu-only", "too-few-gpus", "gpu-per-rank", "explicit-nccl", "explicit-gloo"],
+)
+def test_backend_choice_for_each_machine(backend, world_size, info, name, init_backend):
+    """Does backend='auto' on a machine with a GPU per rank make a group where CPU tensors go through gloo (the
+    lessons' CPU code must run there too), while an explicit 'nccl' stays nccl alone, and too few GPUs give gloo?"""
+    from helpers.backend import resolve_backend
+
+    choice = resolve_backend(backend, world_size, info)
+    assert (choice.name, choice.init_backend) == (name, init_backend)
+    described = choice.describe(world_size)
+    assert ("CPU tensors through gloo" in described) == (init_backend == "cpu:gloo,cuda:nccl"), described
+    if info["cuda_count"] and world_size > info["cuda_count"]:
+        assert "too few for nccl" in described, described
+
+
+@pytest.mark.parametrize(
     "call, error, fix",
     [
         (dict(world_size=0), ValueError, "launch(fn, 4)"),
