@@ -14,7 +14,15 @@ clean re-grading process (:mod:`autograder.clean`). Inside, the learner's code s
 - a private, empty ``/tmp``, and one writable folder: its own working copy;
 - its own network namespace, with only a loopback interface (the ranks' gloo traffic
   works; nothing outside the sandbox can be reached);
-- its own process-id namespace: when the sandbox ends, every process in it ends.
+- its own process-id namespace: when the sandbox ends, every process in it ends;
+- a cap on the memory each of its processes may fill (``RLIMIT_DATA``: the heap and private
+  writable mappings, so tensors count; 4 GiB by default, ``COURSE_SANDBOX_MEMORY`` sets
+  another), so one submission that allocates without end fails in its own cell
+  (``MemoryError``, or torch's "can't allocate memory") instead of starving the other
+  submissions graded beside it. The cap is inherited by every rank, and sandboxed code
+  cannot raise it. On a machine with NVIDIA GPUs there is no cap unless
+  ``COURSE_SANDBOX_MEMORY`` asks for one: CUDA maps memory in ways that have not been
+  checked against it.
 
 Ranks started by the helpers are the kernel's children, so they run in the same sandbox.
 
@@ -46,7 +54,8 @@ from typing import Iterable, Sequence
 
 import helpers
 
-__all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint", "kernel_spec", "PACKAGE_DIRS"]
+__all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint", "kernel_spec", "memory_cap",
+           "PACKAGE_DIRS"]
 
 #: The two packages the sandbox shows read-only (learners' code and the checks import them).
 PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parent)
@@ -62,6 +71,46 @@ BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")
 
 #: The most each in-memory folder of a sandbox (/tmp, /var/tmp, /dev/shm) may hold.
 TMP_BYTES = 2 << 30
+#: The most data memory each sandboxed process may hold, unless COURSE_SANDBOX_MEMORY says otherwise.
+MEMORY_BYTES = 4 << 30
+#: Run inside the sandbox before the command: lower RLIMIT_DATA (soft and hard) to argv[1] bytes, then exec argv[2:].
+_CAP_THEN_EXEC = ("import os, resource, sys\n"
+                  "n = int(sys.argv[1]); hard = resource.getrlimit(resource.RLIMIT_DATA)[1]\n"
+                  "n = n if hard == resource.RLIM_INFINITY else min(n, hard)\n"
+                  "resource.setrlimit(resource.RLIMIT_DATA, (n, n))\n"
+                  "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def parse_bytes(text: str) -> int:
+    """``"4G"`` -> 4294967296, ``"512M"`` -> 536870912, ``"1000"`` -> 1000; ``"0"`` means no cap.
+
+    >>> [parse_bytes(t) for t in ("4G", "512m", "1.5G", "1000", "0")]
+    [4294967296, 536870912, 1610612736, 1000, 0]
+    """
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(value[-1:], 1)
+    try:
+        number = float(value[:-1] if scale > 1 else value)
+    except ValueError:
+        number = -1.0
+    if number < 0 or number != number:
+        raise ValueError(f"COURSE_SANDBOX_MEMORY={text!r} is not an amount of memory; write it like 4G, 512M or "
+                         "4294967296 (bytes), or 0 for no cap")
+    return int(number * scale)
+
+
+def memory_cap() -> int | None:
+    """The data-memory cap per sandboxed process, in bytes, or None for none.
+
+    ``COURSE_SANDBOX_MEMORY`` decides when set (``0``: no cap). Otherwise 4 GiB, except on a
+    machine with NVIDIA GPUs, where CUDA's own mappings have not been checked against it.
+    """
+    text = os.environ.get("COURSE_SANDBOX_MEMORY", "").strip()
+    if text:
+        return parse_bytes(text) or None
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return None
+    return MEMORY_BYTES
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,6 +188,8 @@ class Sandbox:
     hidden: Sequence[str | os.PathLike] = ()
     workdir: str | os.PathLike | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: Data memory per process in bytes; None: :func:`memory_cap` decides (0: no cap).
+    memory: int | None = None
 
     def _shown(self) -> list[Path]:
         """Read-only folders bound back over hidden ones: Python, its paths, the two packages."""
@@ -205,6 +256,9 @@ class Sandbox:
             args += ["--remount-ro", str(h)]
         workdir = Path(self.workdir).resolve() if self.workdir else (writable[0] if writable else Path("/tmp"))
         args += ["--chdir", str(workdir), *self._environment(), "--"]
+        cap = memory_cap() if self.memory is None else self.memory or None
+        if cap:
+            return args + [sys.executable, "-c", _CAP_THEN_EXEC, str(cap), *argv]
         return args + list(argv)
 
 

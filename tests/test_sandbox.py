@@ -121,6 +121,56 @@ def test_secrets_in_the_environment_stay_outside(tmp_path):
     assert got["HOME"] == "/tmp", got
 
 
+@needs_sandbox
+def test_memory_is_capped_per_process_and_cannot_be_raised(tmp_path, monkeypatch):
+    """With a 2 GiB cap, does a 3 GiB allocation fail in place (Python and torch, each with its own error) while
+    small tensors work, can sandboxed code not lift the cap, and do the ranks it starts inherit it?"""
+    monkeypatch.setenv("COURSE_SANDBOX_MEMORY", "2G")
+    got = _probe(Sandbox(writable=[tmp_path]), """
+        import json, resource
+        import torch
+        out = {"limit": resource.getrlimit(resource.RLIMIT_DATA)}
+        try:
+            bytearray(3 << 30); out["bytes"] = "allocated"
+        except MemoryError:
+            out["bytes"] = "MemoryError"
+        try:
+            torch.ones(3 << 28); out["torch"] = "allocated"
+        except RuntimeError as exc:
+            out["torch"] = str(exc)
+        out["small"] = float(torch.ones(1 << 24).sum())
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            out["lifted"] = True
+        except (ValueError, OSError):
+            out["lifted"] = False
+        from helpers import launch
+        out["ranks"] = launch(lambda rank, world_size: __import__("resource").getrlimit(
+            __import__("resource").RLIMIT_DATA)[0], 2, output="quiet", timeout=60)
+        print(json.dumps(out))
+    """)
+    assert got["limit"] == [2 << 30, 2 << 30] and got["ranks"] == [2 << 30, 2 << 30], got
+    assert got["bytes"] == "MemoryError" and "can't allocate memory" in got["torch"], got
+    assert got["small"] == float(1 << 24) and got["lifted"] is False, got
+
+
+@needs_sandbox
+def test_memory_cap_can_be_switched_off_and_a_bad_value_is_named(tmp_path, monkeypatch):
+    """Does COURSE_SANDBOX_MEMORY=0 leave the process uncapped, and does a value that is not an amount fail
+    before anything starts, naming the variable, the value and how to write it?"""
+    import resource
+
+    from autograder.sandbox import memory_cap
+
+    monkeypatch.setenv("COURSE_SANDBOX_MEMORY", "0")
+    got = _probe(Sandbox(writable=[tmp_path]),
+                 "import json, resource; print(json.dumps(resource.getrlimit(resource.RLIMIT_DATA)))")
+    assert got == list(resource.getrlimit(resource.RLIMIT_DATA)), got
+    monkeypatch.setenv("COURSE_SANDBOX_MEMORY", "lots")
+    with pytest.raises(ValueError, match=r"COURSE_SANDBOX_MEMORY='lots' is not an amount of memory.*4G, 512M"):
+        memory_cap()
+
+
 def test_grading_refuses_without_a_sandbox_and_says_how_to_get_one(tmp_path):
     """Does `python -m autograder grade` stop before grading when bubblewrap is missing, naming the package and the opt-out?"""
     (tmp_path / "submissions").mkdir()
