@@ -104,12 +104,58 @@ def forbid_reasons(forbid: Forbid) -> dict[str, str]:
     return reasons
 
 
+_PICKLER: Any = None
+
+
+def _pickler() -> Any:
+    """cloudpickle's pickler, made to keep the file name of every code object it sends.
+
+    cloudpickle 3.1.3 and later write ``"<dynamic-code>"`` as the file name of code sent by
+    value (for payloads that do not depend on where a function was defined). The ranks'
+    tracebacks and hang reports then cannot name the learner's cell or show its line. A
+    code object is sent in ``marshal``'s format instead, which keeps every field: the ranks
+    are forked from the kernel's own interpreter, so they read it alike. Code that marshal
+    refuses (constants it cannot write) goes through cloudpickle's own reducer.
+    """
+    global _PICKLER
+    if _PICKLER is None:
+        import marshal
+        import types
+
+        import cloudpickle
+
+        class KeepFileNames(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                if type(obj) is types.CodeType:
+                    try:
+                        return marshal.loads, (marshal.dumps(obj),)
+                    except ValueError:
+                        pass
+                return super().reducer_override(obj)
+
+        _PICKLER = KeepFileNames
+    return _PICKLER
+
+
 def serialize(obj: Any, what: str) -> bytes:
-    """Pickle ``obj`` by value (cloudpickle) for the ranks; ``what`` names it in errors."""
-    import cloudpickle
+    """Pickle ``obj`` by value (cloudpickle) for the ranks; ``what`` names it in errors.
+
+    Functions keep the file names of their code, so that a rank's traceback points at the
+    notebook cell or file they came from:
+
+    >>> import pickle
+    >>> def f():
+    ...     return 1
+    >>> f.__module__ = "__main__"   # as if defined in a notebook: sent by value
+    >>> pickle.loads(serialize(f, "f")).__code__.co_filename == f.__code__.co_filename
+    True
+    """
+    import io
 
     try:
-        return cloudpickle.dumps(obj, protocol=5)
+        buffer = io.BytesIO()
+        _pickler()(buffer, protocol=5).dump(obj)
+        return buffer.getvalue()
     except Exception as exc:  # noqa: BLE001
         raise LaunchError(
             f"could not send {what} to the ranks: {type(exc).__name__}: {exc}. Everything sent "

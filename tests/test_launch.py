@@ -233,6 +233,34 @@ def test_a_killed_rank_is_the_cause_not_its_peers_broken_collectives():
         assert (err.rank, err.exitcode, sorted(err.stopped)) == (1, -9, [0, 2, 3]), f"attempt {attempt}: {err}"
 
 
+class _Model:
+    def forward(self, x):
+        return x + 1
+
+
+def test_code_sent_by_value_keeps_its_file_name():
+    """Do a nested function, a lambda and a notebook class's method sent to the ranks keep their code's file name
+    (cloudpickle 3.1.3 and later write '<dynamic-code>'), so that a rank's traceback can point at the learner's line?"""
+    from helpers.launcher import serialize
+
+    def outer(rank, world_size):
+        def inner():
+            return rank
+        return inner
+
+    square = lambda x: x * x  # noqa: E731
+    _Model.__module__ = "__main__"  # as a notebook's class: sent by value, methods and all
+    try:
+        fn, model_class = pickle.loads(serialize((outer, _Model), "test"))
+        inner, lam = fn(0, 1), pickle.loads(serialize(square, "test"))
+    finally:
+        _Model.__module__ = __name__
+    for code in (fn.__code__, inner.__code__, lam.__code__, model_class.forward.__code__):
+        assert code.co_filename == str(THIS_FILE), code.co_filename
+    assert fn.__code__.co_firstlineno == outer.__code__.co_firstlineno
+    assert lam(3) == 9 and model_class().forward(1) == 2
+
+
 @pytest.mark.slow
 def test_deadlock_times_out_with_every_rank_stack():
     """When every rank receives first, does the launch end soon after timeout with each rank's recv line and a deadlock diagnosis?"""
