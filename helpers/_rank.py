@@ -162,6 +162,17 @@ class _Rank:
 
     # -- channel ----------------------------------------------------------------------
 
+    def post(self, phase: str) -> None:
+        """Write this rank's phase on the board, keeping the counts of collectives it made.
+
+        A rank that returned still shows how many collectives it entered, so a hang report
+        can tell a rank that never reached a collective from one that made it and returned.
+        """
+        if self.inst is not None:
+            self.inst.post(phase)
+        else:
+            self.board.post(self.rank, phase)
+
     def send(self, reply: Ready | Result | Failure) -> None:
         _wire.write_frame(self.fd["reply"], reply)
 
@@ -169,7 +180,7 @@ class _Rank:
 
     def serve(self) -> None:
         # The board says "ready" before the notebook hears it, never after.
-        self.board.post(self.rank, "ready")
+        self.post("ready")
         self.send(Ready(self.rank, os.getpid(), threading.main_thread().ident))
         while True:
             try:
@@ -178,7 +189,7 @@ class _Rank:
                 continue
             if request is None:
                 return
-            self.board.post(self.rank, "running")
+            self.post("running")
             self.handle(request)
 
     def _namespace(self) -> dict[str, Any]:
@@ -283,7 +294,7 @@ class _Rank:
             reply.trace = inst.take_events()
         if inst is not None:
             inst.tracing = False
-        self.board.post(self.rank, "ready")
+        self.post("ready")
         self.send(reply)
 
 

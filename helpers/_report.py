@@ -94,6 +94,10 @@ def hang_report(
     if any(diagnose.RECEIVE_FIRST in n for n in notes):
         lines += ["Fix: let some ranks send first (for example even ranks send while odd ranks "
                   "receive), or post the receives with irecv and wait after sending."]
+    if any(diagnose.CALLS_DISAGREE in n for n in notes):
+        lines += ["Fix: every rank must make the same collectives in the same order, with tensors of the "
+                  "same size and dtype. Compare what each rank passes, or set TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                  "before the group is created: it checks every collective across ranks and names what differs."]
     lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
               "a larger timeout=."]
     return LaunchTimeoutError(

@@ -35,6 +35,7 @@ __all__ = [
     "summarize",
     "call_text",
     "RECEIVE_FIRST",
+    "CALLS_DISAGREE",
     "wait_for_graph",
     "find_cycle",
     "explain_hang",
@@ -175,6 +176,8 @@ _PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadca
 _RECEIVES = ("recv", "irecv", "recv_object_list")
 #: The words a hang report uses for a cycle of ranks that all receive first.
 RECEIVE_FIRST = "every rank is receiving before anyone sends"
+#: The words a hang report uses when a rank made a collective that another still waits in.
+CALLS_DISAGREE = "the two calls did not agree"
 # Calls every member of the group must make: DDP's constructor broadcasts from C++.
 _GROUP_CALLS = COLLECTIVES + (DDP_CONSTRUCTOR,)
 
@@ -274,23 +277,88 @@ def explain_hang(
 
 def _missing_collective_notes(board: list[BoardRecord], frames: dict[int, list[dict[str, Any]]],
                               busy: list[int], finished: list[int], edges: dict[int, list[int]]) -> list[str]:
-    """A collective some member never reached: where that member is instead."""
+    """A collective some member never reached, or made without it matching: where that member is."""
     notes: list[str] = []
+    different: set[tuple[int, int]] = set()  # pairs of ranks, each waiting in another collective
     for r in busy:
         rec = board[r] if r < len(board) else None
         if rec is None or not rec.in_call or rec.call not in _GROUP_CALLS:
             continue
         for m in edges.get(r, []):
             other = board[m] if m < len(board) else None
+            m_user = describe_wait(frames[m])["user"] if frames.get(m) else None
+            how = _counterpart(rec, other, m in finished) if other is not None else None
+            if how is not None:
+                if how == "returned":
+                    did = f"made the call that pairs with rank {r}'s {rec.call} and returned"
+                elif how == "left":
+                    did = (f"made the call that pairs with rank {r}'s {rec.call} and went on to "
+                           f"{call_text(other) if other.in_call else 'run your code'}{_at_frame(m_user)}")
+                else:  # both wait, each in a different collective: one note for the pair
+                    if (r, m) in different:
+                        continue
+                    different.add((m, r))
+                    notes.append(f"rank {m} is in {call_text(other)}{_at_frame(m_user)} and rank {r} in "
+                                 f"{rec.call}, the call that pairs with it (on both, collective number "
+                                 f"{rec.world_seq} on the whole group): {CALLS_DISAGREE}, they are different "
+                                 "collectives")
+                    continue
+                note = (f"rank {m} {did} (on both, collective number {rec.world_seq} on the whole group), "
+                        f"but rank {r} still waits in it: {CALLS_DISAGREE}")
+                if note not in notes:
+                    notes.append(note)
+                continue
             if m in finished:
                 note = f"rank {m} never reached {rec.call}: it already returned"
             elif other is not None and other.in_call:
                 note = f"rank {m} never reached {rec.call}; it is in {call_text(other)}"
             else:
                 note = f"rank {m} never reached {rec.call}"
-            m_user = describe_wait(frames[m])["user"] if frames.get(m) else None
-            if m_user is not None and m not in finished:
-                note += f" at {frame_label(m_user)}"
+            if m not in finished:
+                note += _at_frame(m_user)
             if note not in notes:
                 notes.append(note)
     return notes
+
+
+def _at_frame(frame: dict[str, Any] | None) -> str:
+    return f" at {frame_label(frame)}" if frame is not None else ""
+
+
+def _counterpart(rec: BoardRecord, other: BoardRecord, returned: bool) -> str | None:
+    """What the other rank did with its counterpart of the collective ``rec`` waits in.
+
+    Only the default group's collectives are counted alike on every rank (``world_seq``).
+    ``"returned"``: the other rank made at least as many of them and finished; ``"left"``:
+    it made the call and is now further on; ``"other"``: it waits in a different collective
+    with the same count. In each case gloo paired the two calls, and that one rank still
+    waits means they did not agree (sizes, dtypes, or two different collectives). ``None``:
+    it never reached the call, or the counts cannot tell (a subgroup's collective).
+
+    >>> waiting = BoardRecord(rank=1, phase="call", call="all_reduce", world_seq=1)
+    >>> _counterpart(waiting, BoardRecord(rank=0, phase="ready", world_seq=1), returned=True)
+    'returned'
+    >>> print(_counterpart(waiting, BoardRecord(rank=0, phase="ready", world_seq=0), returned=True))
+    None
+    >>> _counterpart(waiting, BoardRecord(rank=0, phase="call", call="recv", peer=1, world_seq=1), returned=False)
+    'left'
+    >>> _counterpart(waiting, BoardRecord(rank=0, phase="call", call="broadcast", world_seq=1), returned=False)
+    'other'
+    >>> print(_counterpart(waiting, BoardRecord(rank=0, phase="call", call="recv", peer=1, world_seq=0), returned=False))
+    None
+    """
+    if rec.members is not None or rec.world_seq == 0:
+        return None  # a subgroup's collective: the counts do not line up across ranks
+    if returned:
+        return "returned" if other.world_seq >= rec.world_seq else None
+    if other.phase in ("starting", "ready"):
+        return None
+    if other.world_seq > rec.world_seq:
+        return "left"
+    if other.world_seq == rec.world_seq:
+        in_world_collective = other.in_call and other.call in _GROUP_CALLS and other.members is None
+        if not in_world_collective:
+            return "left"
+        if other.call != rec.call:
+            return "other"
+    return None

@@ -186,7 +186,8 @@ class Instrument:
         self.tracing = False
         self.events: list[TraceEvent] = []
         self.forbidden: dict[str, str] = {}
-        self.seq = 0
+        self.seq = 0  # collectives entered, on any group
+        self.world_seq = 0  # collectives entered on the default group (every rank makes these in one order)
         self._local = threading.local()
         self._board = board
         self._write = board.writer(rank) if board is not None else None
@@ -197,7 +198,7 @@ class Instrument:
     def post(self, phase: str, call: str | None = None, peer: int | None = None,
              nbytes: int | None = None, members: int | None = None) -> None:
         if self._write is not None:
-            self._write(phase, call, peer, self.seq, nbytes, members)
+            self._write(phase, call, peer, self.seq, nbytes, members, self.world_seq)
 
     # -- install ----------------------------------------------------------------------
 
@@ -277,6 +278,9 @@ class Instrument:
 
         def traced_init(ddp: Any, *args: Any, **kwargs: Any) -> None:
             inst.seq += 1
+            group = kwargs.get("process_group", args[5] if len(args) > 5 else None)
+            if _members(group) is None:  # the constructor broadcasts over the default group
+                inst.world_seq += 1
             inst.post("call", DDP_CONSTRUCTOR)
             try:
                 init(ddp, *args, **kwargs)
@@ -400,6 +404,8 @@ class Instrument:
             members = None if is_p2p else _members(group)
             if not is_p2p:
                 inst.seq += 1
+                if members is None:
+                    inst.world_seq += 1
             inst.post("call", name, peer, nbytes, members)
             local.depth = 1
             start = time.perf_counter()

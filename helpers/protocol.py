@@ -442,8 +442,9 @@ PHASES = (
 )
 _PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 _CALL_INDEX = {name: i for i, name in enumerate(CALLS)}
-# phase, call index, peer, collective sequence number, bytes, group members bit mask, start time
-_SLOT_FORMAT = struct.Struct("<BBhIQQd")
+# phase, call index, peer, collective sequence number, bytes, group members bit mask, start time,
+# collectives entered on the default group
+_SLOT_FORMAT = struct.Struct("<BBhIQQdI")
 _SLOT = 64
 
 
@@ -459,6 +460,10 @@ class BoardRecord:
     nbytes: int = 0
     members: list[int] | None = None  # the group's ranks, when not the default group
     start: float = 0.0
+    # How many collectives on the default group the rank had entered, this call included.
+    # Every rank makes those in the same order, so unlike ``seq`` (which counts subgroups'
+    # calls too) it says, also after a rank returned, whether it made a given call.
+    world_seq: int = 0
 
     @property
     def in_call(self) -> bool:
@@ -487,11 +492,11 @@ class Board:
         return cls(fd, os.fstat(fd).st_size // _SLOT, owner=False)
 
     def post(self, rank: int, phase: str, call: str | None = None, *, peer: int | None = None,
-             seq: int = 0, nbytes: int | None = None, members: int | None = None) -> None:
-        self.writer(rank)(phase, call, peer, seq, nbytes, members)
+             seq: int = 0, nbytes: int | None = None, members: int | None = None, world_seq: int = 0) -> None:
+        self.writer(rank)(phase, call, peer, seq, nbytes, members, world_seq)
 
     def writer(self, rank: int) -> Callable[..., None]:
-        """A function that writes ``rank``'s slot: ``write(phase, call, peer, seq, nbytes, members)``.
+        """A function that writes ``rank``'s slot: ``write(phase, call, peer, seq, nbytes, members, world_seq)``.
 
         What :meth:`post` does, with the slot's place worked out once: a rank's wrappers
         write their slot around every call, so each microsecond here is paid many times.
@@ -499,16 +504,16 @@ class Board:
         pack, buffer, offset, clock = _SLOT_FORMAT.pack_into, self._map, rank * _SLOT, time.perf_counter
 
         def write(phase: str, call: str | None = None, peer: int | None = None, seq: int = 0,
-                  nbytes: int | None = None, members: int | None = None) -> None:
+                  nbytes: int | None = None, members: int | None = None, world_seq: int = 0) -> None:
             pack(buffer, offset, _PHASE_INDEX[phase], _CALL_INDEX.get(call, 0) if call else 0,
-                 -1 if peer is None else int(peer), seq, int(nbytes or 0), int(members or 0), clock())
+                 -1 if peer is None else int(peer), seq, int(nbytes or 0), int(members or 0), clock(), world_seq)
 
         return write
 
     def read(self) -> list[BoardRecord]:
         out = []
         for rank in range(self.world_size):
-            phase, call, peer, seq, nbytes, mask, start = _SLOT_FORMAT.unpack_from(self._map, rank * _SLOT)
+            phase, call, peer, seq, nbytes, mask, start, world_seq = _SLOT_FORMAT.unpack_from(self._map, rank * _SLOT)
             name = PHASES[phase] if phase < len(PHASES) else "running"
             out.append(BoardRecord(
                 rank=rank,
@@ -519,6 +524,7 @@ class Board:
                 nbytes=nbytes,
                 members=[r for r in range(64) if mask >> r & 1] if mask else None,
                 start=start,
+                world_seq=world_seq,
             ))
         return out
 

@@ -174,6 +174,85 @@ def test_skipped_collective_names_the_missing_rank():
     assert "rank 0 waits in all_reduce" in message
 
 
+def _sizes_differ(rank, world_size, then=None):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(3 + rank))  # gloo pairs the two calls; rank 0 returns, rank 1 waits for more
+    if then == "recv" and rank == 0:
+        dist.recv(torch.zeros(1), src=1)
+
+
+def _different_collectives(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.all_reduce(torch.ones(3))
+    else:
+        dist.broadcast(torch.ones(3), src=1)
+
+
+def _subgroup_then_skip(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    pair = dist.new_group([0, 1])
+    if rank in (0, 1):
+        dist.all_reduce(torch.ones(1), group=pair)  # ranks 0 and 1 make one collective more than rank 2
+    if rank != 2:
+        dist.all_reduce(torch.ones(1))  # and rank 2 skips this one
+
+
+def test_a_collective_of_different_sizes_is_not_called_missing():
+    """When sizes differ, rank 0 makes its all_reduce and returns while rank 1 waits: is that said, not "never reached"?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_sizes_differ, 2, timeout=2, output="quiet")
+    message = str(info.value)
+    assert "never reached" not in message, message
+    assert ("rank 0 made the call that pairs with rank 1's all_reduce and returned (on both, collective number 1 "
+            "on the whole group), but rank 1 still waits in it: the two calls did not agree") in message, message
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in message and message.count("Fix:") == 1, message
+
+
+def test_a_rank_that_went_on_after_a_mismatched_collective_is_named_where_it_is():
+    """Does a rank that left the mismatched all_reduce for a recv get named in that recv, as having made the call?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_sizes_differ, 2, args=("recv",), timeout=2, output="quiet")
+    message = str(info.value)
+    assert "rank 0 made the call that pairs with rank 1's all_reduce and went on to recv(src=1) at " in message, message
+    assert "never reached all_reduce" not in message, message
+
+
+def test_two_different_collectives_at_the_same_point_are_named_once():
+    """Rank 0 in all_reduce, rank 1 in broadcast, as each one's first collective: is that one note naming both?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_different_collectives, 2, timeout=2, output="quiet")
+    notes = [n for n in info.value.notes if "they are different collectives" in n]
+    assert len(notes) == 1, info.value.notes
+    assert "broadcast(src=1)" in notes[0] and "all_reduce" in notes[0] and "collective number 1" in notes[0]
+
+
+def test_a_subgroups_collectives_do_not_make_a_missing_call_look_made():
+    """Ranks 0 and 1 make one collective more on a subgroup, then rank 2 skips the world's all_reduce: is rank 2
+    still named as never reaching it (subgroup calls are not counted against the whole group's)?"""
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(_subgroup_then_skip, 3, timeout=2, output="quiet")
+    message = str(info.value)
+    assert "rank 2 never reached all_reduce: it already returned" in message, message
+    assert "did not agree" not in message, message
+
+
+def test_persistent_ranks_count_collectives_across_cells():
+    """On persistent ranks, after one all_reduce cell, is a mismatched all_reduce in the next named as the 2nd collective?"""
+    with Cluster(2, output="quiet", view="text") as cluster:
+        cluster.exec("dist.all_reduce(torch.ones(2))")
+        with pytest.raises(LaunchTimeoutError) as info:
+            cluster.exec("dist.all_reduce(torch.ones(3 + rank))", timeout=2)
+    message = str(info.value)
+    assert "rank 0 made the call that pairs with rank 1's all_reduce and returned (on both, collective number 2 " in message, message
+
+
 # -- every public call is watched -----------------------------------------------------------
 
 #: Calls that not every supported torch has: they are wrapped where the installed torch has them.
