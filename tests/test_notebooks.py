@@ -24,6 +24,42 @@ def test_there_are_lessons():
     assert LESSONS, "solutions/ holds no lesson notebooks"
 
 
+#: What cells must print when the notebook runs here: (a line that names the cell in its
+#: source, a pattern its text output must match). Lesson 08 promises each mistake's real
+#: message from a real run; these catch a message that changed with a torch release, or a
+#: hang report that lost the learner's line.
+EXPECTED_OUTPUTS = {
+    "08-debugging-and-performance": [
+        ("def swap_receive_first(", r"rank 0 waits in recv\(src=1\) at Cell In\[\d+\], line 3"),
+        ("def swap_receive_first(", r"every rank is receiving before anyone sends"),
+        ("def sizes_differ(", r"rank 0 made the call that pairs with rank 1's all_reduce and returned"),
+        ("def mean_gradient(", r"without dividing: \[10\.0, 10\.0, 10\.0, 10\.0\]"),
+        ("def my_share(", r"rank 3 of 4 raised IndexError"),
+        ("def fixed_port(", r"(?i)EADDRINUSE|address already in use"),
+        ("cuda_then_fork.py", r"Cannot re-initialize CUDA in forked subprocess"),
+        ("def only_rank_zero_logs(", r"rank 1 never reached all_reduce: it already returned"),
+        ("def train_twice(", r"trying to initialize the default process group twice"),
+        ("def nccl_ranks_share_a_gpu(", r"Duplicate GPU detected"),
+        ("def read_too_early(", r"read after wait\(\): +\[1\.0, 2\.0, 3\.0\]"),
+        ("def sizes_differ_in_detail(", r"(?i)mismatch between collectives"),
+        ("def one_rank_is_late(", r"rank 0: .*Rank 2 failed to pass monitoredBarrier"),
+        ("def short_timeout(", r"Timed out waiting 2000ms"),
+        ("def wrong_interface(", r"Unable to find address for: eth7"),
+        ("try_program(Broken, name)", r"rank 0 waits in recv\(src=1\) at Cell In\[\d+\], line \d+, in pass_right"),
+    ],
+}
+
+
+def _text_outputs(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            parts.append(output.get("text", ""))
+        elif "data" in output:
+            parts.append(output["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_notebook_runs_top_to_bottom(lesson, tmp_path):
@@ -48,6 +84,11 @@ def test_solution_notebook_runs_top_to_bottom(lesson, tmp_path):
             assert output.get("name") != "stderr" or not output.get("text", "").strip() or "Warning" in output.get("text", ""), (
                 f"{lesson}: a cell wrote to stderr: {output.get('text', '')[:300]}"
             )
+    for marker, pattern in EXPECTED_OUTPUTS.get(lesson, []):
+        cells = [c for c in nb.cells if c.cell_type == "code" and marker in _source(c)]
+        assert len(cells) == 1, f"{lesson}: {len(cells)} code cells contain {marker!r}"
+        text = _text_outputs(cells[0])
+        assert re.search(pattern, text), f"{lesson}: the cell with {marker!r} printed no match for {pattern!r}:\n{text[:2000]}"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
