@@ -57,7 +57,7 @@ FORBIDDEN_ALIASES = {
     "reduce": ("reduce",),
     "all_gather": ("allgather", "allgather_coalesced", "_allgather_base", "all_gather_single"),
     "all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced", "all_gather_single"),
-    "gather": ("gather",),
+    "gather": ("gather", "gather_single", "gather_into_tensor"),
     "scatter": ("scatter",),
     "reduce_scatter": ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single"),
     "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
@@ -68,6 +68,8 @@ FORBIDDEN_ALIASES = {
     "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
     "all_reduce_coalesced": ("allreduce_coalesced",),
     "all_gather_coalesced": ("allgather_coalesced",),
+    "gather_single": ("gather_single", "gather_into_tensor"),
+    "gather_into_tensor": ("gather_single", "gather_into_tensor"),
 }
 
 #: Public torch.distributed functions that move no data between ranks, so nothing wraps
@@ -110,6 +112,8 @@ NOT_COMMUNICATION = (
     "rendezvous",  # the store behind init_process_group, not the backend
     "register_rendezvous_handler",
     "breakpoint",  # a debugger for one rank
+    "get_backend_impl",  # torch 2.14: the group's backend object, to call its own methods
+    "set_timeout",  # torch 2.14: a group's timeout for later calls
 )
 
 _PEER_PARAMS = ("dst", "src")

@@ -109,6 +109,8 @@ COLLECTIVES = (
     "reduce_scatter_single",  # the successor of reduce_scatter_tensor
     "all_reduce_coalesced",
     "all_gather_coalesced",
+    "gather_single",  # torch 2.14: gather into one tensor on dst
+    "gather_into_tensor",  # torch 2.14's deprecated name for gather_single
 )
 #: Every collective that moves data (all but the barriers): what an exercise that builds
 #: its own collective switches off. The object collectives are in it: they call the others.

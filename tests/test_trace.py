@@ -257,6 +257,9 @@ def test_persistent_ranks_count_collectives_across_cells():
 
 #: Calls that not every supported torch has: they are wrapped where the installed torch has them.
 NEWER_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce_coalesced")
+#: torch 2.14's gather into one tensor, and its deprecated name: gloo has no gather_single yet (it raises),
+#: so they are only checked to be switched off with the other collectives.
+GATHER_SINGLE = ("gather_single", "gather_into_tensor")
 
 
 def _public_calls() -> set[str]:
@@ -343,6 +346,47 @@ def test_newer_collectives_are_traced_on_gloo():
     for name in present:
         assert totals.get(name) == {"calls": 2, "bytes": 2 * expected_bytes[name]}, (name, totals)
     assert set(totals) == set(present), totals  # no inner call recorded twice
+
+
+def _try_newer_collectives(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from helpers import ForbiddenCallError
+
+    calls = {
+        "all_gather_single": lambda: dist.all_gather_single(torch.zeros(2 * world_size), torch.ones(2)),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(torch.zeros(1), torch.ones(world_size)),
+        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([torch.ones(1)]),
+        "gather_single": lambda: dist.gather_single(torch.ones(1), torch.zeros(world_size) if rank == 0 else None),
+        "gather_into_tensor": lambda: dist.gather_into_tensor(torch.ones(1), torch.zeros(world_size) if rank == 0 else None),
+    }
+    refused = {}
+    for name, call in calls.items():
+        if hasattr(dist, name):
+            try:
+                call()
+                refused[name] = False
+            except ForbiddenCallError:
+                refused[name] = True
+    return refused
+
+
+def test_an_exercise_that_switches_collectives_off_switches_off_the_newer_ones():
+    """With forbid=COLLECTIVES (the exercises that build a collective from point-to-point calls), are the newer
+    collectives of the installed torch (all_gather_single, gather_single of torch 2.14, ...) refused too, so that
+    none of them can stand in for the communication an exercise teaches?"""
+    import torch.distributed as dist
+
+    from helpers import COLLECTIVES
+
+    present = [n for n in (*NEWER_COLLECTIVES, *GATHER_SINGLE) if hasattr(dist, n)]
+    if not present:
+        pytest.skip(f"this torch has none of {NEWER_COLLECTIVES}")
+    refused = launch(_try_newer_collectives, 2, forbid=COLLECTIVES, output="quiet", timeout=20)
+    for rank_refused in refused:
+        assert sorted(rank_refused) == sorted(present)
+        assert all(rank_refused.values()), rank_refused
 
 
 def _half_gather(rank, world_size):
