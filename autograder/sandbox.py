@@ -5,10 +5,12 @@ During ``make grade`` every learner notebook runs in a kernel started through
 clean re-grading process (:mod:`autograder.clean`). Inside, the learner's code sees:
 
 - the system and the Python installation, read-only;
-- the ``helpers`` and ``autograder`` packages, read-only, without the instructor's
-  reference answers (``autograder/reference.py``) and without anything in the
-  ``autograder/`` folder that is not a Python module (the gradebook, the work folders,
-  grades, feedback);
+- the ``helpers`` and ``autograder`` packages, read-only; the ``autograder`` package as a
+  copy of its modules made once when grading starts (:func:`staged_package`), without
+  the instructor's reference answers (``autograder/reference.py``) and without anything
+  in the ``autograder/`` folder that is not a Python module (the gradebook and its
+  journal, the work folders, grades, feedback), whatever comes and goes there while the
+  class is graded;
 - nothing of the course's root folder (``solutions/``, other learners' submissions) and
   nothing of the instructor's home folder;
 - a private, empty ``/tmp``, and one writable folder: its own working copy;
@@ -42,12 +44,15 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -55,7 +60,7 @@ from typing import Iterable, Sequence
 import helpers
 
 __all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint", "kernel_spec", "memory_cap",
-           "PACKAGE_DIRS"]
+           "staged_package", "PACKAGE_DIRS"]
 
 #: The two packages the sandbox shows read-only (learners' code and the checks import them).
 PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parent)
@@ -174,6 +179,48 @@ def _existing(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return out
 
 
+_STAGE_LOCK = threading.Lock()
+_STAGED: dict[Path, Path] = {}
+
+
+def staged_package(package: Path | None = None) -> Path:
+    """A private, fixed copy of the autograder package's modules, made once per process.
+
+    The sandbox shows this copy in the package's place, read-only: every module but the
+    instructor's answers (:data:`HIDDEN_MODULES`), with their compiled ``__pycache__``
+    files, and nothing else. The package folder itself is also nbgrader's work folder when
+    an instructor grades from the repository (``autograder/gradebook.db``, its sqlite
+    journal, ``submitted/``, ``feedback/``): other processes create and delete files there
+    while learners are graded. The sandbox's view must not depend on what that folder
+    holds at the moment a sandbox starts (a journal listed while the command line was
+    made and gone when bubblewrap bound it stopped the sandbox, and the learner went
+    ungraded), so it never looks there again after this copy.
+
+    >>> staged = staged_package()
+    >>> (staged / "kit.py").is_file(), (staged / "reference.py").exists()
+    (True, False)
+    """
+    package = (package or PACKAGE_DIRS[1]).resolve()
+    with _STAGE_LOCK:
+        staged = _STAGED.get(package)
+        if staged is not None and staged.is_dir():
+            return staged
+        staged = Path(tempfile.mkdtemp(prefix="course-sandbox-autograder-"))
+        atexit.register(shutil.rmtree, staged, True)
+        hidden = {Path(name).stem for name in HIDDEN_MODULES}
+        for entry in package.glob("*.py"):
+            if entry.name not in HIDDEN_MODULES:
+                shutil.copy2(entry, staged / entry.name)  # the same times: the compiled files stay valid
+        cache = package / "__pycache__"
+        if cache.is_dir():
+            (staged / "__pycache__").mkdir()
+            for entry in cache.glob("*.pyc"):
+                if entry.name.split(".")[0] not in hidden:
+                    shutil.copy2(entry, staged / "__pycache__" / entry.name)
+        _STAGED[package] = staged
+        return staged
+
+
 @dataclass
 class Sandbox:
     """One sandbox: what it may write, and which folders it must not see at all.
@@ -213,18 +260,9 @@ class Sandbox:
         found = _existing([home if home != Path("/") else "", repo, *self.hidden])
         return [h for h in found if h != Path("/")]
 
-    def _package_hides(self) -> list[str]:
-        """Inside the autograder package: everything that is not a module, and the reference answers."""
-        args: list[str] = []
-        package = PACKAGE_DIRS[1]
-        for entry in sorted(package.iterdir()):
-            keep = (entry.suffix == ".py" and entry.name not in HIDDEN_MODULES) or entry.name == "__pycache__"
-            if keep:
-                continue
-            args += ["--tmpfs", str(entry)] if entry.is_dir() else ["--ro-bind", "/dev/null", str(entry)]
-        for cache in package.glob("__pycache__/reference.*"):
-            args += ["--ro-bind", "/dev/null", str(cache)]
-        return args
+    def _package_binds(self) -> list[str]:
+        """The autograder package as the sandbox sees it: a fixed copy of its modules (see :func:`staged_package`)."""
+        return ["--ro-bind", str(staged_package()), str(PACKAGE_DIRS[1])]
 
     def _environment(self) -> list[str]:
         env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)}
@@ -248,7 +286,7 @@ class Sandbox:
             args += ["--tmpfs", str(h)]
         for p in self._shown():
             args += ["--ro-bind", str(p), str(p)]
-        args += self._package_hides()
+        args += self._package_binds()
         writable = [Path(w).resolve() for w in self.writable]
         for w in writable:
             args += ["--bind", str(w), str(w)]

@@ -94,6 +94,39 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
 
 
 @needs_sandbox
+def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(tmp_path):
+    """While a class is graded from the repository, the merge writes autograder/gradebook.db and its sqlite
+    journal, which appears and vanishes. If such a file vanishes between the sandbox's command line being made
+    and bubblewrap starting, does the sandbox still start, and does it see neither that file nor one made later,
+    only the package's modules?"""
+    package = PACKAGE_DIRS[1]
+    journal = package / f"gradebook.db-journal-test-{os.getpid()}"
+    work = package / f"submitted-test-{os.getpid()}"
+    later = package / f"later-test-{os.getpid()}.db"
+    box = Sandbox(writable=[tmp_path])
+    try:
+        journal.write_text("journal")
+        work.mkdir()
+        argv = box.wrap([sys.executable, "-c", textwrap.dedent(f"""
+            import json, os
+            print(json.dumps(sorted(os.listdir({str(package)!r}))))
+        """)])
+        journal.unlink()  # the race, on purpose: gone before bubblewrap binds anything
+        work.rmdir()
+        later.write_text("grades")  # and made after the command line was
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        for path in (journal, later):
+            path.unlink(missing_ok=True)
+        if work.exists():
+            work.rmdir()
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(name.endswith(".py") or name == "__pycache__" for name in seen), seen
+    assert "kit.py" in seen and "reference.py" not in seen, seen
+
+
+@needs_sandbox
 def test_network_is_loopback_only_and_gloo_ranks_still_run(tmp_path):
     """Does sandboxed code have only a loopback interface, fail to reach anything else, and still run ranks over gloo?"""
     got = _probe(Sandbox(writable=[tmp_path]), """
