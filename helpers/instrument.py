@@ -3,9 +3,12 @@
 Every rank wraps the public torch.distributed communication functions once, at start.
 The wrappers always note the call in progress on a small shared "board" (a few bytes
 per rank in memory the notebook can read at any moment), so that a hang can be
-explained even when the rank is stuck inside C++: which call, which peer. With tracing
-on, each call is also recorded as an event (op, peer, bytes, dtype, shape, times); the
-events go home with the request's reply.
+explained even when the rank is stuck inside C++: which call, which peer. Point-to-point
+calls also count, per peer, the messages posted and seen complete (on the same board),
+so that the notebook can tell that blocked ranks will never be matched and report the
+deadlock at once (:mod:`helpers.deadlock`). With tracing on, each call is also recorded
+as an event (op, peer, bytes, dtype, shape, times); the events go home with the
+request's reply.
 
 The same wrappers can switch calls off: an exercise that asks for a hand-made
 all-reduce runs with ``all_reduce`` and its relatives raising
@@ -37,7 +40,21 @@ import time
 from typing import Any, Callable
 
 from .errors import ForbiddenCallError
-from .protocol import COLLECTIVES, COURSE_RING, DDP, DDP_CONSTRUCTOR, POINT_TO_POINT, Board, TraceEvent
+from .protocol import (
+    COLLECTIVES,
+    COURSE_RING,
+    DDP,
+    DDP_CONSTRUCTOR,
+    FLAG_TIMED,
+    FLAG_UNSURE,
+    POINT_TO_POINT,
+    RECVS_DONE,
+    RECVS_POSTED,
+    SENDS_DONE,
+    SENDS_POSTED,
+    Board,
+    TraceEvent,
+)
 
 __all__ = ["Instrument", "FORBIDDEN_ALIASES", "NOT_COMMUNICATION", "current"]
 
@@ -149,23 +166,33 @@ def _nbytes(value: Any) -> int | None:
 
 
 class _TracedWork:
-    """Stands in for a ``Work`` request; notes the wait on the board, and in the trace."""
+    """Stands in for a ``Work`` request; notes the wait on the board, and in the trace.
 
-    __slots__ = ("_work", "_events", "_instrument", "_label")
+    For an ``isend``/``irecv``, ``count`` is where in the rank's row of message counts its
+    completion is counted: once, after the first ``wait()`` that returns (a second wait
+    must not count the message twice: that would make a receive look unmatched).
+    """
 
-    def __init__(self, work: Any, events: list[TraceEvent], instrument: "Instrument", label: tuple) -> None:
+    __slots__ = ("_work", "_events", "_instrument", "_label", "_count")
+
+    def __init__(self, work: Any, events: list[TraceEvent], instrument: "Instrument", label: tuple,
+                 count: int = -1) -> None:
         self._work = work
         self._events = events
         self._instrument = instrument
         self._label = label
+        self._count = count
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         inst = self._instrument
         op, peer, nbytes = self._label
-        inst.post("wait", op, peer, nbytes, None)
+        if _threaded(inst):
+            inst.flags |= FLAG_UNSURE
+        # A wait with a timeout of its own may return with no peer's help: say so.
+        inst.post("wait", op, peer, nbytes, None, FLAG_TIMED if args or kwargs else 0)
         began = time.perf_counter()
         try:
-            return self._work.wait(*args, **kwargs)
+            done = self._work.wait(*args, **kwargs)
         finally:
             ended = time.perf_counter()
             inst.post("running")
@@ -173,6 +200,10 @@ class _TracedWork:
                 if event.wait_start is None:
                     event.wait_start = began
                 event.waited = ended
+        if self._count >= 0 and done is not False:
+            inst.counts[self._count] += 1  # after the board says "running", never before
+            self._count = -1
+        return done
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -195,14 +226,53 @@ class Instrument:
         self._local = threading.local()
         self._board = board
         self._write = board.writer(rank) if board is not None else None
+        # This rank's row of point-to-point message counts on the board (peer * 4 + kind),
+        # and FLAG_UNSURE once a call was made that the counts cannot describe.
+        self.counts = board.counter(rank) if board is not None else None
+        self.flags = 0
+        self.main_thread = threading.main_thread().ident
+        self.threads = threading.active_count()  # in a rank, 1: its main thread
+        self.non_member = None  # what new_group gives a rank outside the group (set by install)
         self._originals: dict[tuple[Any, str], Any] = {}
 
     # -- board ------------------------------------------------------------------------
 
     def post(self, phase: str, call: str | None = None, peer: int | None = None,
-             nbytes: int | None = None, members: int | None = None) -> None:
+             nbytes: int | None = None, members: int | None = None, flags: int = 0) -> None:
         if self._write is not None:
-            self._write(phase, call, peer, self.seq, nbytes, members, self.world_seq)
+            self._write(phase, call, peer, self.seq, nbytes, members, self.world_seq, self.flags | flags)
+
+    def _posted(self, name: str, peer: Any, tensor: Any, group: Any) -> int:
+        """Count a point-to-point call about to go into torch; returns where its completion
+        is counted (-1: not counted).
+
+        Posted counts go up before the call starts (before the board says "call"), so a
+        message in flight is always counted. What the counts cannot describe marks the
+        rank unsure instead (:data:`~helpers.protocol.FLAG_UNSURE`): a receive from any
+        source, the object calls (two messages each, one of them of unknown size), a
+        tensor off the CPU (nccl's sends may finish before their receive is posted, which
+        gloo's never do, and the rules rely on that), and a call while the rank runs
+        Python threads besides its main one (the board shows one call per rank: another
+        thread may be about to send what this call waits for). A call on a group this
+        rank is not in does nothing, and is not counted.
+        """
+        counts = self.counts
+        if counts is None or (group is not None and group == self.non_member):
+            return -1
+        sending = name in ("send", "isend")
+        if name in ("send_object_list", "recv_object_list") or (peer is None and not sending) \
+                or not getattr(tensor, "is_cpu", True) or _threaded(self):
+            self.flags |= FLAG_UNSURE
+            return -1
+        try:
+            peer = int(peer)
+        except (TypeError, ValueError):
+            return -1
+        if not 0 <= peer < self.world_size:
+            return -1  # torch refuses it: no message
+        at = peer * 4
+        counts[at + (SENDS_POSTED if sending else RECVS_POSTED)] += 1
+        return at + (SENDS_DONE if sending else RECVS_DONE)
 
     # -- install ----------------------------------------------------------------------
 
@@ -213,6 +283,7 @@ class Instrument:
 
         global _current
         _current = self
+        self.non_member = getattr(dist.GroupMember, "NON_GROUP_MEMBER", None)
         if getattr(self, "_installed", None):
             for (owner, name), wrapped in self._installed.items():
                 setattr(owner, name, wrapped)
@@ -376,6 +447,7 @@ class Instrument:
         group_peer_param = next((p for p in _GROUP_PEER_PARAMS if p in params), None)
         tensor_param = _TENSOR_PARAM.get(name, params[0] if params else None)
         is_p2p = name in POINT_TO_POINT
+        blocking = name in ("send", "recv")  # returns when the message is done (isend/irecv: at wait())
         inst = self
         local = self._local
         position = {p: i for i, p in enumerate(params)}
@@ -406,7 +478,12 @@ class Instrument:
             tensor = argument(args, kwargs, tensor_param)
             nbytes = _nbytes(tensor)
             members = None if is_p2p else _members(group)
-            if not is_p2p:
+            if is_p2p:
+                count = inst._posted(name, peer, tensor, group)
+            else:
+                count = -1
+                if threading.get_ident() != inst.main_thread:  # see _threaded
+                    inst.flags |= FLAG_UNSURE
                 inst.seq += 1
                 if members is None:
                     inst.world_seq += 1
@@ -419,6 +496,9 @@ class Instrument:
                 local.depth = 0
                 end = time.perf_counter()
                 inst.post("running")
+            if count >= 0 and blocking:
+                inst.counts[count] += 1  # completed: counted after the board says "running"
+                count = -1
             if name == "recv" and peer is None and isinstance(result, int):
                 peer = result  # receive from any source: now we know who sent
             if inst.tracing:
@@ -434,9 +514,9 @@ class Instrument:
                 event = inst._event(name, peer, tensor, nbytes, start, end, group, bound)
                 if _is_work(result):
                     event.async_op = True
-                    return _TracedWork(result, [event], inst, (name, peer, nbytes))
+                    return _TracedWork(result, [event], inst, (name, peer, nbytes), count)
             elif _is_work(result) and inst._board is not None:
-                return _TracedWork(result, [], inst, (name, peer, nbytes))
+                return _TracedWork(result, [], inst, (name, peer, nbytes), count)
             return result
 
         wrapper.__name__ = fn.__name__
@@ -448,6 +528,7 @@ class Instrument:
 
     def _batch(self, fn: Callable, ops: list) -> Any:
         local = self._local
+        self.flags |= FLAG_UNSURE  # its requests are not counted: leave deadlocks to the timeout
         labels = []
         for op in ops:
             kind = getattr(getattr(op, "op", None), "__name__", "isend")
@@ -500,6 +581,16 @@ class Instrument:
     def take_events(self) -> list[TraceEvent]:
         events, self.events = self.events, []
         return events
+
+
+def _threaded(inst: "Instrument") -> bool:
+    """Whether this call runs beside other Python threads of the rank, or in one of them.
+
+    A rank runs its requests in its main thread and starts no other; the board shows one
+    call per rank, so while other threads run, a peer may be about to get what this call
+    waits for from a thread the board does not show.
+    """
+    return threading.active_count() > inst.threads or threading.get_ident() != inst.main_thread
 
 
 def _called_from_torch() -> bool:
