@@ -3,9 +3,11 @@
 - :func:`launch` runs a function on N ranks and returns their results.
 - :class:`Cluster` keeps ranks alive between cells; ``%load_ext helpers`` adds the
   ``%%distributed`` magic on top of it (see :mod:`helpers.magics`).
-- Errors: :class:`RankFailedError`, :class:`LaunchTimeoutError`,
-  :class:`BackendUnavailableError`, all subclasses of :class:`LaunchError`; inside a
-  rank, :class:`ForbiddenCallError` when code calls something a launch switched off.
+- Errors: :class:`RankFailedError`, :class:`LaunchTimeoutError` (and its
+  :class:`DeadlockError`, raised about a second after ranks deadlock in point-to-point
+  calls instead of at the timeout), :class:`BackendUnavailableError`, all subclasses of
+  :class:`LaunchError`; inside a rank, :class:`ForbiddenCallError` when code calls
+  something a launch switched off.
 - The call names ``launch(..., forbid=...)`` takes: :data:`COLLECTIVES` (every
   collective), :data:`DATA_COLLECTIVES` (all but the barriers), :data:`POINT_TO_POINT`,
   :data:`DDP` for DistributedDataParallel, and :data:`COURSE_RING` for the course's own ring
@@ -29,7 +31,15 @@ from ._factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
 from .cluster import Cluster, ClusterError
-from .errors import BackendUnavailableError, ForbiddenCallError, Interrupted, LaunchError, LaunchTimeoutError, RankFailedError
+from .errors import (
+    BackendUnavailableError,
+    DeadlockError,
+    ForbiddenCallError,
+    Interrupted,
+    LaunchError,
+    LaunchTimeoutError,
+    RankFailedError,
+)
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
 from .protocol import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
@@ -40,6 +50,7 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "LaunchTimeoutError",
+    "DeadlockError",
     "BackendUnavailableError",
     "ForbiddenCallError",
     "Interrupted",

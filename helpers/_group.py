@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from . import _wire
 from ._factory import Factory, FactoryError
 from ._report import earliest, in_distributed_call
+from .deadlock import Deadlock, DeadlockWatch
 from .output import OutputRouter
 from .protocol import (
     FD_NAMES,
@@ -105,6 +106,9 @@ class Outcome:
     board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
     stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
     main_threads: dict[int, int | None] = field(default_factory=dict)
+    # Set when waiting stopped because pending ranks were found deadlocked (helpers.deadlock),
+    # rather than at the timeout.
+    deadlock: Deadlock | None = None
 
     @property
     def ok(self) -> bool:
@@ -376,11 +380,12 @@ class RankGroup:
     ) -> Outcome:
         """Send ``request`` to ``ranks`` and wait for their answers.
 
-        Returns when every rank answered, at the timeout, or once a rank failed: at once
-        with ``fail_fast``, else ``after_failure`` seconds later (time for the others to
-        finish on their own). Never raises for rank problems: the outcome carries the
-        evidence (root cause, its crash stack, the board, hung ranks' stacks) and the
-        caller decides.
+        Returns when every rank answered, at the timeout, once a rank failed (at once
+        with ``fail_fast``, else ``after_failure`` seconds later: time for the others to
+        finish on their own), or about a second after ranks it waits for deadlocked in
+        point-to-point calls (``outcome.deadlock``; see :mod:`helpers.deadlock`). Never
+        raises for rank problems: the outcome carries the evidence (root cause, its crash
+        stack, the board, hung ranks' stacks) and the caller decides.
         """
         self._next_id += 1
         rid = self._next_id
@@ -395,7 +400,11 @@ class RankGroup:
             self.ranks[r].state = "busy"
             self.send(r, request)
             pending.add(r)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        # The deadlock rules rely on gloo's point-to-point semantics (helpers.deadlock).
+        watch = DeadlockWatch(self.board if "gloo" in self.backend else None, ranks, started,
+                              exited=lambda r: self.ranks[r].state == "exited")
         failed_at = None
         while pending and not (fail_fast and outcome.failures):
             if outcome.failures and failed_at is None:
@@ -424,6 +433,10 @@ class RankGroup:
                 else:
                     outcome.replies[event.rank] = event
                     pending.discard(event.rank)
+            if pending and not outcome.failures:  # after a failure, its error is the story
+                outcome.deadlock = watch.check(pending, outcome.replies)
+                if outcome.deadlock is not None:
+                    break
         outcome.pending = sorted(pending)
         return self._gather_evidence(outcome, rid, marks, aborted=fail_fast and bool(outcome.failures))
 

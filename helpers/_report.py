@@ -2,7 +2,8 @@
 
 :func:`outcome_error` is the one place that does it, for launches and persistent ranks
 alike: the root cause's own error (:meth:`~helpers.protocol.Failure.to_error`,
-:meth:`~helpers.protocol.Death.to_error`) when a rank failed, else the hang report.
+:meth:`~helpers.protocol.Death.to_error`) when a rank failed, else the hang report (a
+:class:`~helpers.DeadlockError` when the ranks were found deadlocked before the timeout).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import diagnose
-from .errors import LaunchError, LaunchTimeoutError
+from .errors import DeadlockError, LaunchError, LaunchTimeoutError
 from .protocol import Death, Failure
 
 if TYPE_CHECKING:
@@ -75,17 +76,27 @@ def group_stopped_error(outcome: "Outcome", live: list[int], world_size: int, ti
 def hang_report(
     outcome: "Outcome", world_size: int, timeout: float, what: str = "The ranks", recovery: str = ""
 ) -> LaunchTimeoutError:
-    """The error for ranks still running at the timeout, from their stacks and the board."""
+    """The error for ranks still running at the timeout, from their stacks and the board.
+
+    When waiting stopped because ranks were found deadlocked (``outcome.deadlock``), the
+    same report is a :class:`~helpers.DeadlockError` whose first line says so.
+    """
     busy = outcome.pending
     frames = {r: diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)) for r in busy}
     stacks = {r: diagnose.format_stack(frames[r]) for r in busy}
     waiting, notes = diagnose.explain_hang(outcome.board, frames, busy, outcome.finished)
     finished = outcome.finished
-    lines = [
-        f"{what} did not finish within {timeout:g} s: "
-        f"{len(busy)} of {world_size} rank{'s' if world_size != 1 else ''} still running. {recovery}".rstrip(),
-        "",
-    ]
+    deadlock = outcome.deadlock
+    if deadlock is not None:
+        stuck = deadlock.ranks
+        head = (f"{what} deadlocked: found after {deadlock.seconds:.1f} s, "
+                f"rank{'s' if len(stuck) != 1 else ''} {', '.join(map(str, stuck))} of {world_size} "
+                f"{'are blocked in point-to-point calls' if len(stuck) != 1 else 'is blocked in a point-to-point call'} "
+                f"that no rank can ever match. {recovery}")
+    else:
+        head = (f"{what} did not finish within {timeout:g} s: "
+                f"{len(busy)} of {world_size} rank{'s' if world_size != 1 else ''} still running. {recovery}")
+    lines = [head.rstrip(), ""]
     lines += [waiting[r] for r in busy]
     if finished:
         lines.append(f"finished: rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}")
@@ -94,10 +105,17 @@ def hang_report(
     if any(diagnose.RECEIVE_FIRST in n for n in notes):
         lines += ["Fix: let some ranks send first (for example even ranks send while odd ranks "
                   "receive), or post the receives with irecv and wait after sending."]
+    if any(diagnose.SEND_FIRST in n for n in notes):
+        lines += ["Fix: let some ranks receive first (for example even ranks send while odd ranks "
+                  "receive), or send with isend and wait after receiving."]
     if any(diagnose.CALLS_DISAGREE in n for n in notes):
         lines += ["Fix: every rank must make the same collectives in the same order, with tensors of the "
                   "same size and dtype. Compare what each rank passes, or set TORCH_DISTRIBUTED_DEBUG=DETAIL "
                   "before the group is created: it checks every collective across ranks and names what differs."]
+    if deadlock is not None:
+        lines += ["", "Each rank's full stack is on the error's .stacks."]
+        return DeadlockError("\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished,
+                             notes=notes, seconds=deadlock.seconds, ranks=list(deadlock.ranks))
     lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
               "a larger timeout=."]
     return LaunchTimeoutError(

@@ -35,6 +35,7 @@ __all__ = [
     "summarize",
     "call_text",
     "RECEIVE_FIRST",
+    "SEND_FIRST",
     "CALLS_DISAGREE",
     "wait_for_graph",
     "find_cycle",
@@ -176,6 +177,10 @@ _PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadca
 _RECEIVES = ("recv", "irecv", "recv_object_list")
 #: The words a hang report uses for a cycle of ranks that all receive first.
 RECEIVE_FIRST = "every rank is receiving before anyone sends"
+_SENDS = ("send", "isend", "send_object_list")
+#: The words a hang report uses for a cycle of ranks that all send first (gloo moves a
+#: message only once its receive is posted, so this deadlocks whatever the size).
+SEND_FIRST = "every rank is sending before anyone receives"
 #: The words a hang report uses when a rank made a collective that another still waits in.
 CALLS_DISAGREE = "the two calls did not agree"
 # Calls every member of the group must make: DDP's constructor broadcasts from C++.
@@ -266,6 +271,8 @@ def explain_hang(
         calls = {board[r].call for r in cycle[:-1] if board[r].call}
         if calls and calls <= set(_RECEIVES):
             notes.append(f"Wait-for cycle: {chain}: {RECEIVE_FIRST}.")
+        elif calls and calls <= set(_SENDS):
+            notes.append(f"Wait-for cycle: {chain}: {SEND_FIRST}.")
         else:
             notes.append(f"Wait-for cycle: {chain}: none of them can go on.")
     for r in busy:

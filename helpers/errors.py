@@ -27,6 +27,7 @@ __all__ = [
     "LaunchError",
     "RankFailedError",
     "LaunchTimeoutError",
+    "DeadlockError",
     "BackendUnavailableError",
     "ForbiddenCallError",
     "Interrupted",
@@ -115,6 +116,18 @@ class LaunchTimeoutError(LaunchError, TimeoutError):
     Attributes: ``timeout``, ``stacks`` (rank -> that rank's Python stack as text),
     ``waiting`` (rank -> one-line summary of where it was blocked), ``finished`` (ranks
     that had already returned).
+    """
+
+
+class DeadlockError(LaunchTimeoutError):
+    """Ranks were found blocked for good in point-to-point calls, before the timeout.
+
+    Ranks that each wait for a message no rank can ever send them (a cycle of receives,
+    sends nobody receives, a receive from a rank that has finished) are stopped about a
+    second after the deadlock forms, with the report a timeout gives (see
+    :mod:`helpers.deadlock`). It is a :class:`LaunchTimeoutError`, so code that catches
+    those still does. Attributes: those of :class:`LaunchTimeoutError`, plus ``seconds``
+    (when it was found, after the request started) and ``ranks`` (the deadlocked ranks).
     """
 
 

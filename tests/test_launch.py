@@ -263,7 +263,8 @@ def test_code_sent_by_value_keeps_its_file_name():
 
 @pytest.mark.slow
 def test_deadlock_times_out_with_every_rank_stack():
-    """When every rank receives first, does the launch end soon after timeout with each rank's recv line and a deadlock diagnosis?"""
+    """When every rank receives first, does the launch end by its timeout at the latest (a DeadlockError, found as it
+    forms) with each rank's recv line and a deadlock diagnosis?"""
 
     def ring(rank, ws):
         t = torch.zeros(1)
@@ -296,6 +297,7 @@ def test_deadlock_times_out_with_every_rank_stack():
     assert re.search(r"every (running )?rank is receiving", str(err), re.I), str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert isinstance(copy, LaunchTimeoutError) and copy.waiting == err.waiting and str(copy) == str(err)
+    assert isinstance(err, helpers.DeadlockError) and type(copy) is type(err)
     assert rank_children() == []
 
 

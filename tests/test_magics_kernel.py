@@ -149,9 +149,10 @@ def test_exception_on_one_rank_errors_the_cell_with_its_line(kernel):
 
 
 def test_hang_times_out_and_dist_restart_gives_working_ranks(kernel):
-    """Does a recv-first deadlock with --timeout 2 error the cell in a few seconds naming recv, and does %dist_restart then give working ranks?"""
+    """Does a recv-first deadlock with --timeout 2 error the cell in a few seconds as a DeadlockError (found before
+    the timeout) naming recv, and does %dist_restart then give working ranks?"""
     out = kernel.execute("%%distributed --timeout 2\nt = torch.zeros(1)\ndist.recv(t, 1 - rank)")
-    assert out["status"] == "error" and out["error"]["ename"] == "LaunchTimeoutError"
+    assert out["status"] == "error" and out["error"]["ename"] == "DeadlockError"  # a LaunchTimeoutError
     assert "recv" in traceback_text(out)
     where = f"at Cell In[{out['execution_count']}], line 3, in <module>: dist.recv(t, 1 - rank)"
     if where not in traceback_text(out):  # say what the ranks' stacks held, to find out why
