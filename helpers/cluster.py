@@ -16,7 +16,9 @@ Example::
 Failures are reported like :func:`helpers.launch` reports them, but the other ranks are
 not stopped: they keep their state. A rank that hangs is interrupted when it is blocked
 in Python code; a rank blocked inside a communication call cannot be, and the error says
-so: :meth:`Cluster.restart` then gives a fresh group in a second or two.
+so: :meth:`Cluster.restart` then gives a fresh group in a second or two. Ranks deadlocked
+in point-to-point calls are found about a second after the deadlock forms, without
+waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers.deadlock`).
 """
 
 from __future__ import annotations
@@ -375,13 +377,24 @@ class Cluster:
 
     def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
         """Interrupt the ranks still running, then the error for the request, saying what
-        state the group is left in."""
-        stuck = self._interrupt(outcome.pending, announce=False)
+        state the group is left in.
+
+        Deadlocked ranks (``outcome.deadlock``) are blocked inside gloo, where an interrupt
+        cannot reach them: they are not tried, and the error says to restart.
+        """
+        deadlocked = list(outcome.deadlock.ranks) if outcome.deadlock is not None else []
+        stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
         ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
         if outcome.cause is None:
-            note = ("They were interrupted and keep their variables." if not stuck else
-                    f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
-                    "%dist_restart (or cluster.restart()) for a fresh group.")
+            if deadlocked:
+                blocked = sorted(deadlocked + stuck)
+                note = (f"{ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
+                        "communication calls, where an interrupt cannot reach them: run %dist_restart (or "
+                        "cluster.restart()) for a fresh group.")
+            else:
+                note = ("They were interrupted and keep their variables." if not stuck else
+                        f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
+                        "%dist_restart (or cluster.restart()) for a fresh group.")
             what = "The cell" if isinstance(request, Exec) else "The call"
             return outcome_error(outcome, self.world_size, timeout, what=what, note=note)
         extra = []
