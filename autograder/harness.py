@@ -211,8 +211,14 @@ def run_ranks(
     except LaunchTimeoutError as err:
         waits = "\n".join(f"  {line}" for line in err.waiting.values())
         notes = "\n".join(f"  {n}" for n in getattr(err, "notes", []))
+        if isinstance(err, helpers.DeadlockError):  # found as it formed, before the timeout
+            stuck = ", ".join(map(str, err.ranks))
+            happened = (f"your code deadlocked {where}: rank{'s' if len(err.ranks) != 1 else ''} {stuck} waited "
+                        "in point-to-point calls that no rank could ever match; it was stopped.")
+        else:
+            happened = f"your code did not finish within {timeout:g} s {where}; it was stopped."
         raise GradingFailure(
-            f"{part}: your code did not finish within {timeout:g} s {where}; it was stopped.\n"
+            f"{part}: {happened}\n"
             f"Where the ranks were waiting:\n{waits}" + (f"\n{notes}" if notes else "")
         ) from None
     except RankFailedError as err:

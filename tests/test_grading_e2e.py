@@ -256,7 +256,7 @@ def test_receive_first_deadlock_scores_zero_without_hanging(graded):
     points = _scores(graded, None)
     assert _scores(graded, "dave") == {key: 0 if key[0] == "4.4" else value for key, value in points.items()}
     feedback = _feedback(root, "dave")
-    assert "did not finish" in feedback and "recv" in feedback
+    assert "deadlocked" in feedback and "recv" in feedback
     assert "autograded dave/" in out
 
 
