@@ -213,8 +213,9 @@ def run_ranks(
         notes = "\n".join(f"  {n}" for n in getattr(err, "notes", []))
         if isinstance(err, helpers.DeadlockError):  # found as it formed, before the timeout
             stuck = ", ".join(map(str, err.ranks))
+            calls = "point-to-point calls" if len(err.ranks) != 1 else "a point-to-point call"
             happened = (f"your code deadlocked {where}: rank{'s' if len(err.ranks) != 1 else ''} {stuck} waited "
-                        "in point-to-point calls that no rank could ever match; it was stopped.")
+                        f"in {calls} that no rank could ever match; it was stopped.")
         else:
             happened = f"your code did not finish within {timeout:g} s {where}; it was stopped."
         raise GradingFailure(
