@@ -44,23 +44,43 @@ DTensor), so no rule about them could be proved safe here.
 
 What switches detection off, for the whole group, for the rest of the ranks' life (the
 slot's :data:`~helpers.protocol.FLAG_UNSURE`; conservative: the counts no longer tell
-the whole story): a receive from any source (``src=None``), ``send_object_list`` /
-``recv_object_list`` (two messages each), ``batch_isend_irecv`` (its requests are not
-counted), and a point-to-point call or wait made while the rank runs other Python
-threads, or from one of them (the board shows one call per rank). A wait with a timeout
-of its own (``work.wait(timeout)``) is live: it can return with no peer's help.
-A point-to-point call on a tensor off the CPU marks the rank unsure too: nccl's sends
-can finish before their receive is posted, and the send rule relies on gloo's never
-doing so; for the same reason nothing is watched unless the group's backend includes
-gloo. Communication below the Python functions (a ``ProcessGroup``'s own ``send``) is
-not counted: code that mixes it with ``dist.send``/``dist.recv`` can be misjudged.
+the whole story, and a miss only means the timeout reports it):
+
+- a receive from any source (``src=None``): it may be matched by any peer;
+- ``send_object_list`` / ``recv_object_list`` (two messages each, the inner calls not
+  counted) and ``batch_isend_irecv`` (its requests are not counted);
+- a point-to-point call or wait made while the rank runs other Python threads, or from
+  one of them: the board shows one call per rank, and another thread may be about to
+  send what the shown call waits for;
+- a point-to-point call on a tensor off the CPU: nccl's sends can finish before their
+  receive is posted, and the send rule relies on gloo's never doing so (for the same
+  reason nothing is watched unless the group's backend includes gloo).
+
+A wait with a timeout of its own (``work.wait(timeout)``) is live: it can return with no
+peer's help. A call on a group the rank is not in does nothing in torch and is not
+counted. Communication below the Python functions (a ``ProcessGroup``'s own ``send``) is
+not counted either: code that mixes it with ``dist.send``/``dist.recv`` can be misjudged.
+A request completed twice (a second ``wait()``) is counted once: counting it again would
+make a receive look unmatched, the one direction in which a wrong count is not cautious.
 
 Reading the board while ranks write it: a state is believed only when two reads at
-least :data:`STABLE` seconds apart give the same slots (each write stamps the time, so
-a rank that left its call and came back differs) and the same counts (they only grow).
-Then nothing changed between the two reads, and what was read is one consistent moment;
-the half second is a margin for what the model does not see, and is why a deadlock is
-reported about a second after it forms.
+least :data:`STABLE` seconds apart, each the slots then the counts, give the same slots
+(each write stamps the time, so a rank that left its call and came back differs) and the
+same counts (they only grow). Then nothing changed from the first read's counts to the
+second read's slots, and what was read is one consistent moment. The order of the
+wrappers' writes makes a call that finished but has not yet returned to Python harmless
+without any waiting: a message is counted posted before it can exist, and complete only
+after the board stopped saying "call". The half second is a margin for what the model
+does not see, and is why a deadlock is reported about a second after it forms.
+
+Where this goes beyond the first design (a deadlock only when every rank of the request
+is blocked or finished): a closed set of stuck ranks is reported whatever the other ranks
+do (above); ranks outside a persistent-rank request count as finished only while their
+slot says idle (one still busy with an earlier request, say blocked in a ``recv`` this
+request's ``send`` will match, is judged by its slot like the others, and a dead one is
+live); a target whose slot says idle but whose answer has not arrived is live (it may
+not have read the request yet); and the guards above (threads, tensors off the CPU,
+timed waits, groups the rank is not in, waits counted once, gloo only).
 
 Example::
 

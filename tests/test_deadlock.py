@@ -143,6 +143,18 @@ def test_rules_unsure_ranks_and_timed_waits_switch_detection_off():
     assert stuck_ranks(board, P2PCounts.zero(2), finished=()) == []
 
 
+def test_docstring_examples_run():
+    """Do the runnable examples in helpers.deadlock's and helpers.protocol's docstrings give what they show?"""
+    import doctest
+
+    import helpers.deadlock
+    import helpers.protocol
+
+    for module in (helpers.deadlock, helpers.protocol):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
+
+
 # --------------------------------------------------------------------------- the watch, on a real board
 
 
