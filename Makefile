@@ -111,11 +111,13 @@ course: venv
 # Instructor: autograde a folder of <student>/<lesson>/<lesson>.ipynb, with feedback, CSV and
 # the class summary. JOBS submissions at a time (default: one per core), each in a bubblewrap
 # sandbox; NO_SANDBOX=1 grades without it (learners' code then runs with your rights).
-JOBS       ?=
-NO_SANDBOX ?=
+# ONLY_UNGRADED=1 grades only what has no grade yet (never graded, or failed last time).
+JOBS          ?=
+NO_SANDBOX    ?=
+ONLY_UNGRADED ?=
 grade: venv
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N] [NO_SANDBOX=1]" >&2; exit 2; }
-	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N] [NO_SANDBOX=1] [ONLY_UNGRADED=1]" >&2; exit 2; }
+	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox) $(if $(filter 1 yes true,$(ONLY_UNGRADED)),--only-ungraded)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv

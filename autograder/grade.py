@@ -2,52 +2,52 @@
 
 Run from the repository root::
 
-    python -m autograder grade path/to/submissions [--jobs N] [--no-sandbox]
-    make grade SUBMISSIONS=path [JOBS=N] [NO_SANDBOX=1]
+    python -m autograder grade path/to/submissions [--jobs N] [--no-sandbox] [--only-ungraded]
+    make grade SUBMISSIONS=path [JOBS=N] [NO_SANDBOX=1] [ONLY_UNGRADED=1]
 
 ``path/to/submissions`` holds one folder per learner, each with the lessons they hand in
 as ``<student>/<lesson>/<lesson>.ipynb`` (the layout the course's Submit button and a
 download from Colab both give, once placed in a folder named after the learner).
 
-Steps, each a standard nbgrader command underneath:
+Steps:
 
-1. record every lesson in the gradebook (``generate_assignment`` into a scratch folder,
-   so course/ is left as it is);
+1. record every lesson in the gradebook (nbgrader's ``generate_assignment``, into a
+   scratch folder, so course/ is left as it is);
 2. copy the submissions into ``autograder/submitted/`` (collect);
 3. grade every submission on its own, ``--jobs`` of them at a time (default: one per
-   core), each in a private work folder with its own copy of the gradebook:
-
-   a. ``nbgrader autograde``: runs the notebook in a fresh kernel *inside the grading
-      sandbox* (:mod:`autograder.sandbox`: it sees no gradebook, no other submission, no
-      solutions, no home folder, and can write only its own working copy), restores
-      edited or deleted test cells and scores each test cell;
-   b. the clean re-grade (:mod:`autograder.clean`, in a sandbox too): every graded part
-      is decided again in a fresh process holding only the learner's definitions, so
-      nothing the notebook did to its own kernel counts. Where the two disagree, the
-      clean score is the one recorded, and the part's cell in the feedback says why;
-   c. ``nbgrader generate_feedback``: one HTML page per learner and lesson;
-
+   core), in worker processes that keep nbgrader loaded, each submission in a private work
+   folder with its own copy of the gradebook (:mod:`autograder.submission`: autograde in
+   the grading sandbox, where the notebook runs; the clean re-grade, which decides every
+   graded part in a fresh process; the feedback page). A submission that could not be
+   graded for a reason that is not the learner's (the sandbox or the kernel did not start)
+   is graded once more;
 4. merge each finished submission into ``autograder/gradebook.db`` and its notebook and
    feedback into ``autograder/autograded/`` and ``autograder/feedback/`` (only this
-   process writes the shared gradebook, one submission at a time);
-5. ``nbgrader export``: all grades as CSV in ``autograder/grades.csv``;
+   process writes the shared gradebook, one submission at a time), and keep its whole log
+   in ``autograder/logs/<student>/<lesson>.log``;
+5. export all grades as CSV to ``autograder/grades.csv``;
 6. the class summary (:mod:`autograder.summary`): per lesson and part, how many passed,
-   the most common failures and the slowest submissions, printed and written to
-   ``autograder/class-summary.csv`` and ``.html``;
+   the most common failures with a real example, the slowest submissions and those that
+   could not be graded, printed and written to ``autograder/class-summary.csv`` and ``.html``;
 7. a record of this run in ``autograder/grading-run.json``.
 
-One broken submission never stops the others: each is graded on its own, a failure is
-logged and reported at the end, and the rest carry on.
+One broken submission never stops the others. ``--only-ungraded`` grades only the
+submissions of the folder that have no grade yet (not graded, or failed last time), keeping
+every other grade; Ctrl-C stops a run, keeps what was merged, and names what is left for it.
 
 The record looks like this (seconds are each submission's wall time, all steps)::
 
     {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "jobs": 2, "sandbox": true,
      "grades_csv": "autograder/grades.csv",
-     "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 17.0,
-                      "stages": {"autograde": 11.2, "clean": 4.1, "feedback": 1.7},
-                      "status": "ok", "score": 10.0, "max_score": 10.0, "error": null,
+     "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 9.0, "tries": 1,
+                      "stages": {"setup": 0.1, "autograde": 6.1, "kernel_start": 1.9, "clean": 6.5,
+                                 "clean_after_kernel": 0.9, "settle": 0.1, "feedback": 0.6},
+                      "cells": {"ran": 30, "seconds": 3.2, "first": 1.4, "slowest": [...]},
+                      "status": "ok", "failure": null, "error": null, "notes": [],
+                      "log": "autograder/logs/alice/04-ring-all-reduce.log",
+                      "score": 10.0, "max_score": 10.0,
                       "parts": [{"grade_id": "...", "exercise": "4.4", "part": "correct", "points": 4,
-                                 "kernel_score": 4.0, "score": 4, "message": null}],
+                                 "score": 4, "message": null, "seconds": 1.2, "launches": 6}],
                       "left_out": []}]}
 """
 
@@ -56,36 +56,65 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .course import ROOT, lessons, tool_env
+from .submission import TRIES, Graded, Task, grade_submission, quiet_gradebook, warm_up
 
-__all__ = ["collect", "grade", "main", "RECORD", "CLEAN_TIMEOUT"]
+__all__ = ["collect", "grade", "main", "RECORD", "LOGS"]
 
 WORK = ROOT / "autograder"
 RECORD = WORK / "grading-run.json"  # git-ignored, like grades.csv: it holds learners' scores
-#: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
-CLEAN_TIMEOUT = float(os.environ.get("COURSE_CLEAN_TIMEOUT", "600"))
-#: The heading of the note a part's cell gets in the feedback when the clean re-grade disagreed.
-CLEAN_NOTE = "Clean re-grade"
+#: Each submission's whole log: nbgrader's, the kernel's error output, the clean re-grade's.
+LOGS = WORK / "logs"
 
 
-def _nbgrader(*args: str, check: bool = True, cwd: Path = ROOT, env: dict[str, str] | None = None
-              ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"]
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env or tool_env())
-    if check and done.returncode != 0:
-        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed:\n{done.stdout}\n{done.stderr}")
-    return done
+def _api(**settings: Any) -> Any:
+    """nbgrader's API over the course root, in this process (``settings``: ``{"Class.trait": value}``)."""
+    from nbgrader.apps.api import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    extra = Config()
+    for dotted, value in settings.items():
+        section, name = dotted.split(".")
+        extra[section][name] = value
+    config.merge(extra)
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+def _record_lessons(names: list[str]) -> None:
+    """Every lesson into the gradebook (generated into a scratch folder: course/ stays as it is)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        api = _api(**{"CourseDirectory.release_directory": scratch})
+        for lesson in names:
+            done = api.generate_assignment(lesson, force=True, create=True)
+            if not done["success"]:
+                raise RuntimeError(f"nbgrader generate_assignment {lesson} failed:\n{done.get('log', '')}\n"
+                                   f"{done.get('error', '')}")
+
+
+def _export(grades: Path) -> None:
+    """All grades of the gradebook as nbgrader's CSV."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
+    api = _api()
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        CsvExportPlugin(to=str(grades)).export(gb)
 
 
 def collect(source: Path) -> dict[str, list[str]]:
@@ -124,207 +153,148 @@ def _scores(grades: Path) -> dict[tuple[str, str], tuple[float | None, float | N
                 for row in csv.DictReader(f) if row.get("student_id") and row.get("assignment")}
 
 
-# -- one submission, in its own work folder ------------------------------------------------
+# -- merging one graded submission into the course -------------------------------------------
 
 
-class _Job:
-    """One learner's lesson, graded in a private copy of the course's nbgrader setup."""
-
-    def __init__(self, student: str, lesson: str, template: Path, sandboxed: bool) -> None:
-        self.student, self.lesson, self.sandboxed = student, lesson, sandboxed
-        self.folder = Path(tempfile.mkdtemp(prefix="course-grading-"))
-        self.work = self.folder / "autograder"
-        self.work.mkdir()
-        shutil.copy2(ROOT / "nbgrader_config.py", self.folder / "nbgrader_config.py")
-        (self.folder / "solutions").symlink_to(ROOT / "solutions")
-        shutil.copy2(template, self.work / "gradebook.db")
-        shutil.copytree(WORK / "submitted" / student / lesson, self.work / "submitted" / student / lesson)
-        self.autograded = self.work / "autograded" / student / lesson
-        self.feedback = self.work / "feedback" / student / lesson
-        self.env = tool_env()
-        self.env.pop("COURSE_ROOT", None)  # nbgrader reads this folder's nbgrader_config.py
-
-    @property
-    def notebook(self) -> Path:
-        return self.autograded / f"{self.lesson}.ipynb"
-
-    def _box(self, writable: list[Path], env: dict[str, str] | None = None):
-        from .sandbox import Sandbox
-
-        return Sandbox(writable=writable, hidden=[ROOT, self.folder], env=env or {})
-
-    def autograde(self) -> subprocess.CompletedProcess:
-        """``nbgrader autograde`` here, with the kernel in the sandbox (talking over Unix sockets)."""
-        env, extra = dict(self.env), []
-        if self.sandboxed:
-            from .sandbox import kernel_spec
-
-            runtime = self.folder / "runtime"
-            runtime.mkdir()
-            self.autograded.mkdir(parents=True)
-            # The sandbox's environment is fixed when the spec is written: nbgrader's own marker
-            # (set only while it runs) goes in here, so launches keep their grading timeouts.
-            kernel_spec(self.folder / "jupyter", self._box([self.autograded, runtime], {"NBGRADER_EXECUTION": "autograde"}))
-            env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(self.folder / "jupyter"), env.get("JUPYTER_PATH")) if p)
-            # The connection file goes where the sandbox can read it (jupyter_client makes it with mkstemp).
-            env["JUPYTER_RUNTIME_DIR"] = env["TMPDIR"] = str(runtime)
-            extra = ["--KernelManager.transport=ipc", f"--KernelManager.ip={runtime / 'kernel'}"]
-        return _nbgrader("autograde", self.lesson, "--create", "--force", f"--student={self.student}", *extra,
-                         check=False, cwd=self.folder, env=env)
-
-    def clean(self) -> tuple[list[dict[str, Any]], list[str], str | None]:
-        """The clean re-grade: (one result per part, what was left out, why it stopped early or None)."""
-        from .cells import lesson_number
-
-        folder = self.folder / "clean"
-        folder.mkdir()
-        copy = shutil.copy2(self.notebook, folder / "submission.ipynb")
-        argv = [sys.executable, "-m", "autograder.clean", str(copy), str(lesson_number(self.notebook))]
-        if self.sandboxed:
-            argv = self._box([folder]).wrap(argv)
-        env = dict(self.env, PYTHONUNBUFFERED="1")
-        try:
-            done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=CLEAN_TIMEOUT)
-            out, stopped = done.stdout, None if done.returncode == 0 else (
-                f"it exited with code {done.returncode}: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            stopped = f"it did not finish within {CLEAN_TIMEOUT:g} s and was stopped"
-        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        left_out = next((line["left_out"] for line in lines if "left_out" in line), [])
-        return [line for line in lines if "part" in line], left_out, stopped
-
-    def feedback_html(self) -> subprocess.CompletedProcess:
-        return _nbgrader("generate_feedback", self.lesson, "--force", f"--student={self.student}",
-                         check=False, cwd=self.folder, env=self.env)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _settle(job: _Job, results: list[dict[str, Any]], left_out: list[str], stopped: str | None) -> list[dict[str, Any]]:
-    """Record the clean scores in the job's gradebook; note every disagreement in the notebook's cell."""
-    import nbformat
-    from nbgrader.api import Gradebook
-
-    from .cells import graded_cells
-
-    cells = {c.grade_id: c for c in graded_cells(ROOT / "solutions" / job.lesson / f"{job.lesson}.ipynb")}
-    clean = {(r["exercise"], r["part"]): r for r in results}
-    nb = nbformat.read(job.notebook, as_version=4)
-    by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
-    parts = []
-    with Gradebook(f"sqlite:///{job.work / 'gradebook.db'}") as gb:
-        for grade_id, cell in cells.items():
-            if cell.part is None:
-                continue
-            grade = gb.find_grade(grade_id, job.lesson, job.lesson, job.student)
-            kernel = grade.auto_score
-            result = clean.get((cell.number, cell.part)) or {
-                "points": cell.points, "score": 0,
-                "message": f"{cell.part}: the clean re-grade did not reach this part ({stopped or 'no result'})."}
-            score = float(result["score"])
-            parts.append({"grade_id": grade_id, "exercise": cell.number, "part": cell.part, "points": cell.points,
-                          "kernel_score": kernel, "score": score, "message": result.get("message"),
-                          "check_error": bool(result.get("check_error"))})
-            if kernel is None or abs(kernel - score) > 1e-9:
-                grade.auto_score = score
-                target = by_id.get(grade_id)
-                if target is not None:
-                    target.outputs.append(nbformat.v4.new_output(
-                        "stream", name="stdout", text=_disagreement(kernel, score, cell.points, result, left_out)))
-        gb.db.commit()
-    nbformat.write(nb, job.notebook)
-    return parts
-
-
-def _disagreement(kernel: float | None, score: float, points: float | None, result: dict, left_out: list[str]) -> str:
-    """The note a part's cell gets when its clean score differs from what the kernel gave."""
-    was = "passed" if kernel else "did not pass"
-    text = (f"\n{CLEAN_NOTE}: {score:g} of {points:g} points. This test {was} in your notebook's kernel, but the "
-            "grade comes from running it again in a fresh process that holds only your exercise code (the imports, "
-            "functions, classes and constants of your cells, without anything else your cells did)")
-    text += f", where it failed:\n{result['message']}\n" if result.get("message") else ", where it passed.\n"
-    if left_out:
-        shown = "\n".join(f"  {line}" for line in left_out[:8])
-        more = f"\n  ... and {len(left_out) - 8} more" if len(left_out) > 8 else ""
-        text += f"Left out of the clean run:\n{shown}{more}\n"
-    return text + "The clean result is the one that counts.\n"
-
-
-def _grade_one(student: str, lesson: str, template: Path, sandboxed: bool) -> tuple[dict[str, Any], _Job]:
-    """Autograde, re-grade cleanly and write the feedback of one submission, in its own folder."""
-    job = _Job(student, lesson, template, sandboxed)
-    began = time.monotonic()
-    run: dict[str, Any] = {"student": student, "lesson": lesson, "seconds": 0.0, "status": "failed",
-                           "score": None, "max_score": None, "error": None, "parts": [], "left_out": []}
-    stages = run["stages"] = {}
-    try:
-        done = job.autograde()
-        stages["autograde"] = round(time.monotonic() - began, 2)
-        if done.returncode != 0 or not job.notebook.is_file():
-            run["error"] = (done.stderr.strip().splitlines()[-1:] or [done.stdout[-200:] or "no message"])[0]
-            return run, job
-        results, left_out, stopped = job.clean()
-        stages["clean"] = round(time.monotonic() - began - stages["autograde"], 2)
-        run["parts"], run["left_out"] = _settle(job, results, left_out, stopped), left_out
-        made = job.feedback_html()
-        stages["feedback"] = round(time.monotonic() - began - stages["autograde"] - stages["clean"], 2)
-        run["status"] = "ok"
-        if made.returncode != 0:
-            run["error"] = "feedback: " + (made.stderr.strip().splitlines()[-1:] or ["failed"])[0]
-    except Exception as exc:  # noqa: BLE001 - one broken submission must not stop the class
-        run["error"] = f"{type(exc).__name__}: {exc}"
-        run["status"] = "failed"
-    finally:
-        run["seconds"] = round(time.monotonic() - began, 2)
-    return run, job
-
-
-def _merge(job: _Job) -> None:
+def _merge(graded: Graded) -> None:
     """Copy a graded submission into the course: gradebook rows, autograded notebook, feedback."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    work = Path(graded.folder) / "autograder"
     with Gradebook(f"sqlite:///{WORK / 'gradebook.db'}") as gb:  # an earlier grading of it goes first
-        gb.update_or_create_student(job.student)
+        gb.update_or_create_student(graded.student)
         try:
-            gb.remove_submission(job.lesson, job.student)
+            gb.remove_submission(graded.lesson, graded.student)
         except MissingEntry:
             pass
-    with Gradebook(f"sqlite:///{job.work / 'gradebook.db'}") as source, \
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as source, \
             Gradebook(f"sqlite:///{WORK / 'gradebook.db'}") as gb:
-        sub = source.find_submission(job.lesson, job.student)
-        gb.add_submission(job.lesson, job.student, timestamp=sub.timestamp, extension=sub.extension)
+        sub = source.find_submission(graded.lesson, graded.student)
+        gb.add_submission(graded.lesson, graded.student, timestamp=sub.timestamp, extension=sub.extension)
         for nb in sub.notebooks:
-            target = gb.find_submission_notebook(nb.name, job.lesson, job.student)
+            target = gb.find_submission_notebook(nb.name, graded.lesson, graded.student)
             target.flagged, target.late_submission_penalty = nb.flagged, nb.late_submission_penalty
             for g in nb.grades:
-                row = gb.find_grade(g.name, nb.name, job.lesson, job.student)
+                row = gb.find_grade(g.name, nb.name, graded.lesson, graded.student)
                 row.auto_score, row.manual_score = g.auto_score, g.manual_score
                 row.extra_credit, row.needs_manual_grade = g.extra_credit, g.needs_manual_grade
             for c in nb.comments:
-                row = gb.find_comment(c.name, nb.name, job.lesson, job.student)
+                row = gb.find_comment(c.name, nb.name, graded.lesson, graded.student)
                 row.auto_comment, row.manual_comment = c.auto_comment, c.manual_comment
         gb.db.commit()
     for kind in ("autograded", "feedback"):
-        made = job.work / kind / job.student / job.lesson
-        target = WORK / kind / job.student / job.lesson
+        made = work / kind / graded.student / graded.lesson
+        target = WORK / kind / graded.student / graded.lesson
         if target.exists():
             shutil.rmtree(target)
         if made.exists():
             shutil.copytree(made, target)
 
 
+def _previous() -> dict[tuple[str, str], dict[str, Any]]:
+    """The last run's record of each submission, by (student, lesson)."""
+    try:
+        record = json.loads(RECORD.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {(r["student"], r["lesson"]): r for r in record.get("submissions", [])}
+
+
+def _graded_already(tasks: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of ``tasks`` the gradebook holds a graded submission of, that the last run did not mark failed."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    before = _previous()
+    done = set()
+    with Gradebook(f"sqlite:///{WORK / 'gradebook.db'}") as gb:
+        for student, lesson in tasks:
+            try:
+                sub = gb.find_submission(lesson, student)
+            except MissingEntry:
+                continue
+            last = before.get((student, lesson))
+            if (last is None or last.get("status") == "ok") and all(
+                    g.auto_score is not None for nb in sub.notebooks for g in nb.grades):
+                done.add((student, lesson))
+    return done
+
+
+def _write_log(graded: Graded) -> str:
+    path = LOGS / graded.student / f"{graded.lesson}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "a" if graded.attempt > 1 else "w"
+    with path.open(mode) as f:
+        f.write(graded.log)
+    return str(path.relative_to(ROOT))
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    # Fresh interpreters (spawn), not forks of this process, with nbgrader imported once each.
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=warm_up)
+
+
+def _run(tasks: list[Task], jobs: int, done: Any) -> list[Task]:
+    """Grade ``tasks`` on ``jobs`` worker processes; ``done(graded, retried)`` gets each final result.
+
+    A submission whose grading failed for a reason that is not the learner's is graded
+    again, up to :data:`~autograder.submission.TRIES` times; a worker that died costs the
+    submissions it held one try each. Returns the tasks left unfinished by Ctrl-C.
+    """
+    queue, retried = list(tasks), {}
+    pool = _pool(jobs)
+    running: dict[Future, Task] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs * 2:  # a few ahead, so no worker waits for the next
+                task = queue.pop(0)
+                running[pool.submit(grade_submission, task)] = task
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            broken = False
+            for future in finished:
+                task = running.pop(future)
+                try:
+                    graded = future.result()
+                except BrokenProcessPool:
+                    broken = True
+                    graded = Graded(task.student, task.lesson, "", attempt=task.attempt, failure="infrastructure",
+                                    error="the grading worker process died", log="== the grading worker process died\n")
+                if graded.failure == "infrastructure" and task.attempt < TRIES:
+                    retried.setdefault((task.student, task.lesson), []).append(graded.error)
+                    _write_log(graded)
+                    if graded.folder:
+                        shutil.rmtree(graded.folder, ignore_errors=True)
+                    print(f"  {task.student}/{task.lesson}: grading failed ({graded.error}); trying once more",
+                          flush=True)
+                    queue.append(replace(task, attempt=task.attempt + 1))
+                    continue
+                done(graded, retried.get((task.student, task.lesson), []))
+            if broken:  # every submission it held has been answered above; start afresh
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = _pool(jobs)
+        return []
+    except KeyboardInterrupt:
+        left = list(running.values()) + queue
+        for future in running:
+            future.cancel()
+        return left
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 # -- the class ------------------------------------------------------------------------------
 
 
-def grade(source: Path, jobs: int | None = None, sandboxed: bool = True) -> dict[str, Any]:
+def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_ungraded: bool = False) -> dict[str, Any]:
     """The whole workflow; returns the run's record, also written to autograder/grading-run.json.
 
     ``jobs`` submissions are graded at a time (default: the number of cores); ``sandboxed``
-    False runs learners' code without the sandbox (the summary then says so). Raises
+    False runs learners' code without the sandbox (the summary then says so);
+    ``only_ungraded`` grades only what has no grade yet. Raises
     :class:`autograder.sandbox.SandboxUnavailable` when a sandbox is asked for and cannot run.
     """
+    os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks
+    os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH
+    quiet_gradebook()
     if sandboxed:
         from .sandbox import require
 
@@ -332,9 +302,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True) -> dict
     jobs = max(1, jobs or os.cpu_count() or 1)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch:
-        for lesson in lessons():
-            _nbgrader("generate_assignment", lesson, "--force", f"--CourseDirectory.release_directory={scratch}")
+    _record_lessons(lessons())
     found = collect(source)
     grades = WORK / "grades.csv"
     record: dict[str, Any] = {"started": started_at, "seconds": 0.0, "source": str(source), "jobs": jobs,
@@ -343,50 +311,68 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True) -> dict
         print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
         RECORD.write_text(json.dumps(record, indent=2) + "\n")
         return record
-    tasks = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
-    print(f"Grading {len(tasks)} submission{'s' if len(tasks) != 1 else ''}, {jobs} at a time, "
-          + ("each in a sandbox." if sandboxed else "WITHOUT a sandbox (--no-sandbox): learners' code runs with your rights."))
+    pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    if only_ungraded:
+        already = _graded_already(pairs)
+        before = _previous()
+        kept = {key: before[key] for key in already if key in before}
+        pairs = [key for key in pairs if key not in already]
+        print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
+    print(f"Grading {len(pairs)} submission{'s' if len(pairs) != 1 else ''}, {jobs} at a time, "
+          + ("each in a sandbox." if sandboxed else "WITHOUT a sandbox (--no-sandbox): learners' code runs with your rights."),
+          flush=True)
     runs = record["submissions"]
     with tempfile.TemporaryDirectory() as scratch:
         template = Path(scratch) / "gradebook.db"
         shutil.copy2(WORK / "gradebook.db", template)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_grade_one, student, lesson, template, sandboxed) for student, lesson in tasks]
-            for future in as_completed(futures):
-                run, job = future.result()
-                try:
-                    if run["status"] == "ok":
-                        _merge(job)
-                except Exception as exc:  # noqa: BLE001 - report, carry on with the class
-                    run["status"], run["error"] = "failed", f"merging into the gradebook: {type(exc).__name__}: {exc}"
-                finally:
-                    job.remove()
-                runs.append(run)
-                changed = sum(1 for p in run["parts"] if p["kernel_score"] is None or p["kernel_score"] != p["score"])
-                note = f", the clean re-grade changed {changed} part{'s' if changed != 1 else ''}" if changed else ""
-                print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s: "
-                      f"{'ok' if run['status'] == 'ok' else 'FAILED'}{note}", flush=True)
+        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed)
+                 for student, lesson in pairs]
+
+        def done(graded: Graded, retried: list[str]) -> None:
+            run = graded.record()
+            run["tries"], run["retried_because"] = graded.attempt, retried
+            try:
+                if graded.status == "ok":
+                    _merge(graded)
+            except Exception as exc:  # noqa: BLE001 - report, carry on with the class
+                run["status"], run["failure"] = "failed", "infrastructure"
+                run["error"] = f"merging into the gradebook: {type(exc).__name__}: {exc}"
+                graded.log += f"== {run['error']}\n"
+            finally:
+                run["log"] = _write_log(graded)
+                if graded.folder:
+                    shutil.rmtree(graded.folder, ignore_errors=True)
+            runs.append(run)
+            note = f" after {graded.attempt} tries" if graded.attempt > 1 else ""
+            state = "ok" if run["status"] == "ok" else f"FAILED ({run['failure']}: {run['error']})"
+            print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s{note}: {state}", flush=True)
+
+        left = _run(tasks, jobs, done)
+    runs.extend(r for key, r in kept.items())
     runs.sort(key=lambda r: (r["lesson"], r["student"]))
-    _nbgrader("export", f"--to={grades}")
+    _export(grades)
     scores = _scores(grades)
     for run in runs:
         if run["status"] == "ok" and (run["student"], run["lesson"]) in scores:
             run["score"], run["max_score"] = scores[(run["student"], run["lesson"])]
     record["seconds"] = round(time.monotonic() - started, 2)
+    record["not_graded"] = [f"{t.student}/{t.lesson}" for t in left]
     RECORD.write_text(json.dumps(record, indent=2) + "\n")
 
     from .summary import summarise
 
     summary = summarise(record, WORK)
     print(f"\nGrades: {grades.relative_to(ROOT)}    Feedback: autograder/feedback/<student>/<lesson>/    "
-          f"This run: {RECORD.relative_to(ROOT)}")
+          f"Logs: {LOGS.relative_to(ROOT)}/<student>/<lesson>.log    This run: {RECORD.relative_to(ROOT)}")
     for (student, lesson), (score, max_score) in scores.items():
         print(f"  {student:<16} {lesson:<24} {score if score is not None else '-':>6} / "
               f"{max_score if max_score is not None else '-'}")
     print("\n" + summary)
-    failures = [f"{r['student']}/{r['lesson']}: {r['error']}" for r in runs if r["status"] != "ok"]
-    if failures:
-        print("\nCould not grade (see nbgrader's log above):\n  " + "\n  ".join(failures))
+    if left:
+        were = "submissions were" if len(left) != 1 else "submission was"
+        print(f"\nStopped before {len(left)} {were} graded: " + ", ".join(record["not_graded"]) + ".\n"
+              "To grade only those, run the same command with --only-ungraded (make grade ... ONLY_UNGRADED=1).")
     return record
 
 
@@ -398,6 +384,9 @@ def main(argv: list[str]) -> int:
                         help="submissions graded at a time (default: the number of cores)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run learners' code without the bubblewrap sandbox (it then runs with your rights)")
+    parser.add_argument("--only-ungraded", action="store_true",
+                        help="grade only the submissions that have no grade yet (never graded, or failed last "
+                             "time); keep every other grade as it is")
     args = parser.parse_args(argv)
     source = args.folder.resolve()
     if not source.is_dir():
@@ -409,8 +398,12 @@ def main(argv: list[str]) -> int:
     from .sandbox import SandboxUnavailable
 
     try:
-        record = grade(source, jobs=args.jobs, sandboxed=not args.no_sandbox)
+        record = grade(source, jobs=args.jobs, sandboxed=not args.no_sandbox, only_ungraded=args.only_ungraded)
     except SandboxUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    if record.get("not_graded"):
+        return 130
     return 1 if any(run["status"] != "ok" for run in record["submissions"]) else 0

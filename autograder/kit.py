@@ -65,11 +65,35 @@ __all__ = [
     "SELF_CHECK",
     "HIDDEN_CHECK",
     "HiddenTestUnavailable",
+    "decided_by_clean_run",
+    "CLEAN_RUN_DECIDES",
+    "DEFERRED",
 ]
 
 SELF_CHECK = "self-check"  # the part name feedback shows for the visible self-check
+#: Set (to ``"1"``) in the environment of a notebook's kernel while ``make grade`` runs it: the
+#: clean re-grade decides every graded part, so the kernel runs no check (see :meth:`Exercise.grade`).
+CLEAN_RUN_DECIDES = "COURSE_CLEAN_RUN_DECIDES"
+#: What a hidden test cell prints in the kernel while ``make grade`` runs the notebook; grading
+#: then replaces it with the clean re-grade's verdict.
+DEFERRED = "Graded in a fresh process once the notebook has run: the verdict replaces this line."
 _LESSON_MODULE = re.compile(r"lesson(\d{2})$")
 _NUMBER = re.compile(r"(\d+)\.(\d+)$")
+
+
+def decided_by_clean_run() -> bool:
+    """Whether this is a notebook's kernel under ``make grade``, where the clean re-grade decides every part.
+
+    Only while nbgrader autogrades (``NBGRADER_EXECUTION=autograde``) and the grading
+    workflow asked for it (:data:`CLEAN_RUN_DECIDES`): a plain ``nbgrader autograde`` or the
+    formgrader, which have no clean re-grade after them, still run every check in the kernel.
+
+    >>> decided_by_clean_run()
+    False
+    """
+    import os
+
+    return os.environ.get("NBGRADER_EXECUTION") == "autograde" and os.environ.get(CLEAN_RUN_DECIDES) == "1"
 
 
 # -- declarations ------------------------------------------------------------------------
@@ -152,8 +176,15 @@ class Exercise:
 
         A check that breaks in the notebook, or a rank that fails inside the autograder's
         own files, raises :class:`CheckError` instead: the course's fault, not the learner's.
+
+        While ``make grade`` runs the notebook (:func:`decided_by_clean_run`), the check
+        does not run here: the clean re-grade (:mod:`autograder.clean`) decides every part
+        in a fresh process, and its verdict is written into this cell afterwards.
         """
         check = self.part(part).check
+        if decided_by_clean_run():
+            print(DEFERRED)
+            return
         with _course_faults(self, part):
             check(self._attempt(fn, part))
 
@@ -161,6 +192,10 @@ class Exercise:
         """The visible check learners run; prints what passed, raises GradingFailure when not."""
         if self.visible_check is None:
             raise ValueError(f"{self.label} has no visible self-check")
+        if decided_by_clean_run():
+            print(f"{self.label}: the self-check is skipped while your notebook is graded; the graded parts below "
+                  "are decided in a fresh process.")
+            return
         with _course_faults(self, SELF_CHECK):
             message = self.visible_check(self._attempt(fn, SELF_CHECK), **options)
         print(message)

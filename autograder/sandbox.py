@@ -300,18 +300,30 @@ class Sandbox:
         return args + list(argv)
 
 
-def kernel_spec(folder: str | os.PathLike, sandbox: Sandbox, name: str = "python3") -> Path:
+def kernel_spec(folder: str | os.PathLike, sandbox: Sandbox | None, name: str = "python3", *,
+                stderr: str | None = None, env: dict[str, str] | None = None) -> Path:
     """Write a Jupyter kernel spec ``folder/kernels/<name>`` whose kernel starts inside ``sandbox``.
 
-    Put ``folder`` first on ``JUPYTER_PATH`` and the spec replaces the usual ``python3``
-    kernel for that process (nbgrader's autograde included). The kernel talks to its client
-    over Unix sockets (``KernelManager.transport = "ipc"``): it has no network outside the
-    sandbox. Interrupts go as messages, which reach the kernel inside the sandbox.
+    Put ``folder`` first on ``JUPYTER_PATH`` (or in ``KernelSpecManager.kernel_dirs``) and
+    the spec replaces the usual ``python3`` kernel for that process (nbgrader's autograde
+    included). The kernel talks to its client over Unix sockets
+    (``KernelManager.transport = "ipc"``): it has no network outside the sandbox. Interrupts
+    go as messages, which reach the kernel inside the sandbox. ``sandbox`` None writes an
+    unsandboxed spec (``--no-sandbox``), with ``env`` added to the kernel's environment.
+
+    ``stderr`` names a file the kernel's standard error (and bubblewrap's own messages, when
+    it cannot set the sandbox up) is written to, opened outside the sandbox: grading keeps
+    it as the kernel's last words.
     """
     spec_dir = Path(folder) / "kernels" / name
     spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = sandbox.wrap([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    spec = {"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python",
-            "interrupt_mode": "message", "metadata": {"debugger": False}}
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    argv = sandbox.wrap(kernel) if sandbox is not None else kernel
+    if stderr is not None:
+        argv = ["/bin/sh", "-c", 'exec 2>"$0"; exec "$@"', stderr, *argv]
+    spec = {"argv": argv, "display_name": "Python 3 (grading sandbox)" if sandbox else "Python 3 (grading)",
+            "language": "python", "interrupt_mode": "message", "metadata": {"debugger": False}}
+    if env and sandbox is None:
+        spec["env"] = dict(env)
     (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
     return spec_dir

@@ -6,8 +6,11 @@ tables, plus the slowest submissions and those that could not be graded) into th
 folder given, and returns the text printed in the terminal.
 
 Failure messages are grouped by their first line with the numbers taken out, so "rank 2
-returned 7" and "rank 3 returned 9" count as one kind of failure; each group keeps one
-real message as its example.
+returned 7" and "rank 3 returned 9" count as one kind of failure; each group is shown by
+one real message of it (:func:`example_line`), never by the pattern. Submissions that could
+not be graded are listed apart, by whose failure it was (the grading machinery's, or the
+learner's: a notebook file that cannot be read), each with the line that says what went
+wrong and its log; so are learners whose notebook's kernel died while it ran.
 
 Example::
 
@@ -31,7 +34,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["summarise", "part_rows", "failure_kind", "CSV_NAME", "HTML_NAME"]
+__all__ = ["summarise", "part_rows", "failure_kind", "example_line", "CSV_NAME", "HTML_NAME"]
 
 CSV_NAME = "class-summary.csv"
 HTML_NAME = "class-summary.html"
@@ -50,6 +53,18 @@ def failure_kind(message: str, part: str = "") -> str:
         first = first[len(part) + 2:]
     first = re.sub(r"(?<!Exercise )\b\d+(\.\d+)?(e-?\d+)?", "N", first)
     return first if len(first) <= 160 else first[:157] + "..."
+
+
+def example_line(message: str, part: str = "") -> str:
+    """A failure's first line, without the part's name, as the learner read it.
+
+    >>> example_line("correct: on 4 ranks, rank 2 returned 1.5 instead of 6\\nmore", "correct")
+    'on 4 ranks, rank 2 returned 1.5 instead of 6'
+    """
+    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
+    if part and first.startswith(f"{part}: "):
+        first = first[len(part) + 2:]
+    return first
 
 
 def part_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,13 +95,37 @@ def _slowest(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(record.get("submissions", []), key=lambda r: -r.get("seconds", 0))[:SLOWEST]
 
 
+def _shown(kind: str, n: int, example: str, part: str, width: int = 110) -> str:
+    """``3x on 4 ranks, rank 2 returned 1.5 instead of 6 (and 2 like it)``: one real message for the group."""
+    line = example_line(example, part)
+    line = line if len(line) <= width else line[:width - 3] + "..."
+    return f"{n}x {line}" + (f" (and {n - 1} like it)" if n > 1 else "")
+
+
+def _not_graded(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in record.get("submissions", []) if r.get("status") != "ok"]
+
+
+def _whose(run: dict[str, Any]) -> str:
+    return {"learner": "the learner's", "infrastructure": "the grading machinery's"}.get(run.get("failure") or "",
+                                                                                         "unknown")
+
+
+def _failure_line(run: dict[str, Any]) -> str:
+    """``bo/04-ring-all-reduce: the grading machinery's failure after 2 tries: bwrap: ... (log: ...)``."""
+    tries = run.get("tries", 1)
+    text = (f"{run['student']}/{run['lesson']}: {_whose(run)} failure after {tries} tr{'ies' if tries != 1 else 'y'}: "
+            f"{run.get('error')}")
+    return text + (f" (log: {run['log']})" if run.get("log") else "")
+
+
 def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["lesson", "exercise", "part", "points", "graded", "passed", "pass_rate", "common_failures"])
         for r in rows:
             rate = f"{r['passed'] / r['graded']:.2f}" if r["graded"] else ""
-            failures = " | ".join(f"{n}x {kind}" for kind, n, _ in r["failures"])
+            failures = " | ".join(_shown(kind, n, example, r["part"], 200) for kind, n, example in r["failures"])
             out.writerow([r["lesson"], r["exercise"], r["part"], r["points"], r["graded"], r["passed"], rate, failures])
 
 
@@ -94,14 +133,16 @@ def _write_html(record: dict[str, Any], rows: list[dict[str, Any]], path: Path) 
     e = html.escape
     parts = []
     for r in rows:
-        failures = "".join(f"<li><b>{n}&times;</b> {e(kind)}<details><summary>example</summary><pre>{e(example)}</pre>"
-                           f"</details></li>" for kind, n, example in r["failures"])
+        failures = "".join(f"<li><b>{n}&times;</b> {e(example_line(example, r['part']))}"
+                           f"{f' (and {n - 1} like it)' if n > 1 else ''}<details><summary>whole message</summary>"
+                           f"<pre>{e(example)}</pre></details></li>" for kind, n, example in r["failures"])
         parts.append(f"<tr><td>{e(r['lesson'])}</td><td>{e(r['exercise'])}</td><td>{e(r['part'])}</td>"
                      f"<td>{r['points']}</td><td>{r['passed']} / {r['graded']}</td><td><ul>{failures}</ul></td></tr>")
     slow = "".join(f"<tr><td>{e(r['student'])}</td><td>{e(r['lesson'])}</td><td>{r['seconds']:.1f} s</td></tr>"
                    for r in _slowest(record))
-    failed = "".join(f"<li>{e(r['student'])}/{e(r['lesson'])}: {e(str(r.get('error')))}</li>"
-                     for r in record.get("submissions", []) if r.get("status") != "ok")
+    failed = "".join(f"<li>{e(_failure_line(r))}</li>" for r in _not_graded(record))
+    noted = "".join(f"<li>{e(r['student'])}/{e(r['lesson'])}: {e(' '.join(r.get('notes', [])))}</li>"
+                    for r in record.get("submissions", []) if r.get("status") == "ok" and r.get("notes"))
     sandbox = ("every submission ran in the grading sandbox" if record.get("sandbox")
                else "<b>without the sandbox</b> (--no-sandbox): learners' code ran with the instructor's rights")
     path.write_text(f"""<!DOCTYPE html>
@@ -119,6 +160,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 <table><tr><th>student</th><th>lesson</th><th>time</th></tr>{slow}</table>
 <h2>Could not be graded</h2>
 <ul>{failed or '<li>none</li>'}</ul>
+<h2>Graded, with a note</h2>
+<ul>{noted or '<li>none</li>'}</ul>
 </body></html>
 """)
 
@@ -133,8 +176,15 @@ def summarise(record: dict[str, Any], folder: Path) -> str:
                                " (graded WITHOUT the sandbox: --no-sandbox was given)")]
     for r in rows:
         lines.append(f"  {r['lesson']:<30} {r['exercise']:>4} {r['part']:<22} passed {r['passed']:>3} / {r['graded']:<3}")
-        for kind, n, _ in r["failures"]:
-            lines.append(f"      {n:>3}x {kind[:110]}")
+        for kind, n, example in r["failures"]:
+            lines.append(f"      {_shown(kind, n, example, r['part'])}")
     lines.append("  Slowest: " + ", ".join(f"{r['student']}/{r['lesson']} {r['seconds']:.0f} s" for r in _slowest(record)))
+    for r in record.get("submissions", []):
+        if r.get("status") == "ok" and r.get("notes"):
+            lines.append(f"  Note, {r['student']}/{r['lesson']}: {r['notes'][0].splitlines()[0]}")
+    failed = _not_graded(record)
+    if failed:
+        lines.append(f"  Could not be graded ({len(failed)}):")
+        lines += [f"    {_failure_line(r)}" for r in failed]
     lines.append(f"  Written: {folder / CSV_NAME}, {folder / HTML_NAME}")
     return "\n".join(lines)

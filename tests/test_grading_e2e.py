@@ -319,17 +319,24 @@ def test_ring_sum_worked_out_alone_earns_nothing(graded):
 
 
 def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
-    """Does mallory, whose answer cell replaces the course's grading in her kernel after calling the built-ins, earn exactly what carol's same honest code earns, with feedback saying the clean re-grade counted?"""
-    root, _, _ = graded
+    """Does mallory, whose answer cell replaces the course's grading in her kernel after calling the built-ins, earn exactly what carol's same honest code earns, each 4.4 cell showing the fresh process's verdict and the patch it left out?"""
+    root, parts, _ = graded
     assert _scores(graded, "mallory") == _scores(graded, "carol")
     record = json.loads((root / "autograder" / "grading-run.json").read_text())
     run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("mallory", LESSON))
     ring = [p for p in run["parts"] if p["exercise"] == "4.4"]
-    assert all(p["kernel_score"] == p["points"] for p in ring), ring  # the patch did fool her own kernel
-    assert all(p["score"] == 0 for p in ring), ring  # but not the clean re-grade
+    assert all(p["score"] == 0 for p in ring), ring
     assert any("autograder.kit.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
+    # Her kernel ran the patch, yet every 4.4 cell of her graded notebook holds the verdict of the fresh process.
+    notebook = json.loads((root / "autograder" / "autograded" / "mallory" / LESSON / f"{LESSON}.ipynb").read_text())
+    for cell in notebook["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if parts[LESSON].get(gid, ("",))[0] == "4.4":
+            errors = [o for o in cell["outputs"] if o["output_type"] == "error"]
+            assert [o["ename"] for o in errors] == ["GradingFailure"], cell["outputs"]
+            assert "switched off here" in "\n".join(errors[0]["traceback"]), errors
     feedback = _feedback(root, "mallory")
-    assert "Clean re-grade: 0 of 4 points" in feedback and "The clean result is the one that counts" in feedback
+    assert "Left out of the fresh process" in feedback and "autograder.kit.Exercise.grade = lambda" in feedback
 
 
 @pytest.mark.skipif(bool(sandbox_flags()), reason="bubblewrap cannot run here, so grading ran without the sandbox")
