@@ -11,7 +11,7 @@ The course id and the work folders are set here so that the standard nbgrader co
 
 import os
 
-from autograder.preprocessors import CODE_STUB
+from autograder.preprocessors import CODE_STUB, SANITIZE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,14 +46,7 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # A learner who deletes a graded or read-only cell gets it back, where it was, and graded
 # (autograder/preprocessors.py); OverwriteCells then restores edited read-only cells.
-c.Autograde.sanitize_preprocessors = [
-    "nbgrader.preprocessors.ClearOutput",
-    "nbgrader.preprocessors.DeduplicateIds",
-    "nbgrader.preprocessors.OverwriteKernelspec",
-    "autograder.preprocessors.RestoreMissingCells",
-    "nbgrader.preprocessors.OverwriteCells",
-    "nbgrader.preprocessors.CheckCellMetadata",
-]
+c.Autograde.sanitize_preprocessors = list(SANITIZE)
 
 # A flood of output from a learner's cell is cut, not stored in the feedback.
 c.LimitOutput.max_lines = 200

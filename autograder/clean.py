@@ -314,34 +314,21 @@ def main(argv: list[str]) -> int:
     sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != Path.cwd().resolve()]
     code, left_out = exercise_code(argv[0])
     namespace, skipped = define(code)
-    launches = _count_launches()
-    print(json.dumps({"left_out": left_out + skipped, "ready": round(time.monotonic() - _STARTED, 2)}), flush=True)
-    began = time.monotonic()
-    for result in grade_lesson(int(argv[1]), namespace):
-        result.update(seconds=round(time.monotonic() - began, 2), launches=launches[0],
-                      launch_seconds=round(launches[1], 2))
-        print(json.dumps(result), flush=True)
-        began, launches[:] = time.monotonic(), [0, 0.0]
-    return 0
-
-
-def _count_launches() -> list:
-    """``[launches, seconds in them]`` since the last reset, for the grading record's per-part timings."""
     from . import harness
 
-    counts: list = [0, 0.0]
-    launch = harness.launch
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        began = time.monotonic()
-        try:
-            return launch(*args, **kwargs)
-        finally:
-            counts[0] += 1
-            counts[1] += time.monotonic() - began
-
-    harness.launch = counted
-    return counts
+    harness.reuse_ranks()  # the checks of this one submission run on warm ranks (see reuse_ranks)
+    print(json.dumps({"left_out": left_out + skipped, "ready": round(time.monotonic() - _STARTED, 2)}), flush=True)
+    began = time.monotonic()
+    try:
+        for result in grade_lesson(int(argv[1]), namespace):
+            stats = harness.take_stats()
+            result.update(seconds=round(time.monotonic() - began, 2), launches=stats["runs"],
+                          launch_seconds=round(stats["seconds"], 2), fresh_groups=stats["started"])
+            print(json.dumps(result), flush=True)
+            began = time.monotonic()
+    finally:
+        harness.reuse_ranks(False)
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ROOT", "tool_env", "lessons", "build", "stale_lessons", "strip_outputs"]
+__all__ = ["ROOT", "tool_env", "nbgrader_api", "lessons", "build", "stale_lessons", "strip_outputs"]
 
 # The course root: the folder holding nbgrader_config.py, solutions/ and course/. The
 # repository by default; COURSE_ROOT points the tools at a copy (the grading tests do).
@@ -37,19 +37,44 @@ def lessons(root: Path = ROOT) -> list[str]:
     return sorted(p.name for p in src.iterdir() if (p / f"{p.name}.ipynb").is_file()) if src.is_dir() else []
 
 
+def nbgrader_api(root: Path | None = None, **settings: Any) -> Any:
+    """nbgrader's API over the course at ``root`` (default: :data:`ROOT`), in this process.
+
+    ``settings`` are ``{"Class.trait": value}`` on top of the course's nbgrader_config.py.
+    One process can run many nbgrader commands this way, paying for nbgrader's imports
+    once instead of starting ``python -m nbgrader`` for each.
+    """
+    from nbgrader.apps.api import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    os.environ["PATH"] = tool_env()["PATH"]  # nbgrader runs `alembic` by name
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root or ROOT)).load_config()
+    extra = Config()
+    for dotted, value in settings.items():
+        section, name = dotted.split(".")
+        extra[section][name] = value
+    config.merge(extra)
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
 def build(names: list[str] | None = None, release_dir: Path | None = None, db_path: Path | None = None) -> None:
-    """Generate the learner notebooks; into course/ unless ``release_dir`` is given."""
-    names = names or lessons()
-    extra = []
+    """Generate the learner notebooks (nbgrader's generate_assignment); into course/ unless ``release_dir`` is given.
+
+    Every lesson is also recorded in the gradebook (``db_path``, default the course's).
+    """
+    settings: dict[str, Any] = {}
     if release_dir is not None:
-        extra.append(f"--CourseDirectory.release_directory={release_dir}")
+        settings["CourseDirectory.release_directory"] = str(release_dir)
     if db_path is not None:
-        extra.append(f"--CourseDirectory.db_url=sqlite:///{db_path}")
-    for name in names:
-        cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", name, "--force", "--log-level=WARN", *extra]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=tool_env())
-        if done.returncode != 0:
-            raise RuntimeError(f"nbgrader generate_assignment {name} failed:\n{done.stdout}\n{done.stderr}")
+        settings["CourseDirectory.db_url"] = f"sqlite:///{db_path}"
+    api = nbgrader_api(**settings)
+    for name in names or lessons():
+        done = api.generate_assignment(name, force=True, create=True)
+        if not done["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment {name} failed:\n{done.get('log', '')}\n"
+                               f"{done.get('error', '')}")
 
 
 def _cells(path: Path) -> list[tuple]:

@@ -69,7 +69,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .course import ROOT, lessons, tool_env
+from .course import ROOT, build, lessons, nbgrader_api, tool_env
 from .submission import TRIES, Graded, Task, grade_submission, quiet_gradebook, warm_up
 
 __all__ = ["collect", "grade", "main", "RECORD", "LOGS"]
@@ -80,31 +80,10 @@ RECORD = WORK / "grading-run.json"  # git-ignored, like grades.csv: it holds lea
 LOGS = WORK / "logs"
 
 
-def _api(**settings: Any) -> Any:
-    """nbgrader's API over the course root, in this process (``settings``: ``{"Class.trait": value}``)."""
-    from nbgrader.apps.api import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
-    from traitlets.config import Config
-    from traitlets.config.loader import PyFileConfigLoader
-
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
-    extra = Config()
-    for dotted, value in settings.items():
-        section, name = dotted.split(".")
-        extra[section][name] = value
-    config.merge(extra)
-    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
-
-
 def _record_lessons(names: list[str]) -> None:
     """Every lesson into the gradebook (generated into a scratch folder: course/ stays as it is)."""
     with tempfile.TemporaryDirectory() as scratch:
-        api = _api(**{"CourseDirectory.release_directory": scratch})
-        for lesson in names:
-            done = api.generate_assignment(lesson, force=True, create=True)
-            if not done["success"]:
-                raise RuntimeError(f"nbgrader generate_assignment {lesson} failed:\n{done.get('log', '')}\n"
-                                   f"{done.get('error', '')}")
+        build(names, release_dir=Path(scratch))
 
 
 def _export(grades: Path) -> None:
@@ -112,7 +91,7 @@ def _export(grades: Path) -> None:
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 
-    api = _api()
+    api = nbgrader_api()
     with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
         CsvExportPlugin(to=str(grades)).export(gb)
 

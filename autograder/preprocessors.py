@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
-__all__ = ["STUB", "CODE_STUB", "AddColabCells", "NameExerciseStubs", "RestoreMissingCells", "KeepSanitized",
+__all__ = ["STUB", "CODE_STUB", "SANITIZE", "AddColabCells", "NameExerciseStubs", "RestoreMissingCells", "KeepSanitized",
            "WatchedExecute", "Watch", "WATCH"]
 
 # The one place the stub text is written: nbgrader's ClearSolutions inserts CODE_STUB,
@@ -28,6 +28,17 @@ __all__ = ["STUB", "CODE_STUB", "AddColabCells", "NameExerciseStubs", "RestoreMi
 STUB = 'raise NotImplementedError("Replace this line with your code")'
 CODE_STUB = "# YOUR CODE HERE\n" + STUB
 _EXERCISE = re.compile(r"#\s*(Exercise\s+[\w.]+\s*:[^\n]*)")
+#: What autograde does to a notebook before it runs (``Autograde.sanitize_preprocessors`` in
+#: nbgrader_config.py): a learner who deletes a graded or read-only cell gets it back, where
+#: it was, and graded; OverwriteCells then restores edited read-only cells.
+SANITIZE = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "autograder.preprocessors.RestoreMissingCells",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 
 
 class NameExerciseStubs(NbGraderPreprocessor):

@@ -272,33 +272,28 @@ class _Job:
         """nbgrader's API over this work folder; with ``kernel_stderr``, set up to autograde: the kernel in
         the sandbox (from the spec in ``jupyter/``, which goes first on JUPYTER_PATH while it starts), over
         Unix sockets, its error output to that file, and watched (autograder.preprocessors)."""
-        from nbgrader.apps.api import NbGraderAPI
         from nbgrader.converters import Autograde
-        from nbgrader.coursedir import CourseDirectory
         from nbgrader.preprocessors import Execute
-        from traitlets.config import Config
-        from traitlets.config.loader import PyFileConfigLoader
 
+        from .course import nbgrader_api
         from .kit import CLEAN_RUN_DECIDES
-        from .preprocessors import KeepSanitized, WatchedExecute
+        from .preprocessors import SANITIZE, KeepSanitized, WatchedExecute
         from .sandbox import kernel_spec
 
-        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.folder)).load_config()
-        if kernel_stderr is not None:
-            extra = Config()
-            extra.Autograde.sanitize_preprocessors = [*config.Autograde.sanitize_preprocessors, KeepSanitized]
-            extra.Autograde.autograde_preprocessors = [
-                WatchedExecute if p is Execute else p
-                for p in Autograde.class_traits()["autograde_preprocessors"].default()]
-            env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1"}
-            self.autograded.mkdir(parents=True, exist_ok=True)
-            box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
-            kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
-            extra.KernelManager.transport = "ipc"
-            extra.KernelManager.ip = str(self.runtime / "kernel")
-            extra.KernelManager.connection_file = str(self.runtime / "kernel.json")
-            config.merge(extra)
-        return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+        if kernel_stderr is None:
+            return nbgrader_api(self.folder)
+        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1"}
+        self.autograded.mkdir(parents=True, exist_ok=True)
+        box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
+        kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
+        return nbgrader_api(self.folder, **{
+            "Autograde.sanitize_preprocessors": [*SANITIZE, KeepSanitized],
+            "Autograde.autograde_preprocessors": [WatchedExecute if p is Execute else p for p in
+                                                  Autograde.class_traits()["autograde_preprocessors"].default()],
+            "KernelManager.transport": "ipc",
+            "KernelManager.ip": str(self.runtime / "kernel"),
+            "KernelManager.connection_file": str(self.runtime / "kernel.json"),
+        })
 
     def start_clean(self, notebook: Any) -> None:
         """Start the clean re-grade of ``notebook`` (the restored one, before it runs) in the background."""

@@ -34,7 +34,7 @@ from ._group import Outcome, RankGroup
 from ._report import group_stopped_error, outcome_error
 from .backend import Choice, resolve_backend
 from .errors import Interrupted, LaunchError, signal_name
-from .launcher import default_timeout, serialize, serialize_call, trace_of, validate_world
+from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world
 from .output import OutputRouter, OutputSpec
 from .protocol import Call, Death, Exec, Pull, Push, Request
 from .trace import Trace
@@ -60,7 +60,9 @@ class Cluster:
     """``world_size`` background ranks that run code on request and keep their state.
 
     Parameters are those of :func:`helpers.launch`; ``timeout`` is the default for each
-    request (60 s, or 10 s while nbgrader grades). ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
+    request (60 s, or 10 s while nbgrader grades); ``forbid`` switches calls off on the
+    ranks for their whole life; ``after_failure`` is how long the other ranks get to finish
+    a request once one rank failed (2 s: their variables are kept). ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
     """
 
     def __init__(
@@ -74,9 +76,15 @@ class Cluster:
         max_lines: int = 1000,
         view: str = "auto",
         start: bool = True,
+        forbid: Forbid = (),
+        after_failure: float = _AFTER_FAILURE,
     ) -> None:
         timeout = default_timeout() if timeout is None else timeout
         validate_world(world_size, nnodes, timeout)
+        self.forbid = forbid_reasons(forbid)
+        if isinstance(after_failure, bool) or not isinstance(after_failure, (int, float)) or after_failure < 0:
+            raise ValueError(f"after_failure must be seconds, 0 or more; got {after_failure!r}.")
+        self.after_failure = float(after_failure)
         if view not in ("auto", "widgets", "text"):
             raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
         OutputRouter(output)  # validates the output argument now
@@ -112,6 +120,7 @@ class Cluster:
             nnodes=self.nnodes,
             router=router,
             devices=list(self.choice.devices) if self.choice.devices else None,
+            forbid=self.forbid,
         )
         self._group = group
         started = time.perf_counter()
@@ -340,7 +349,7 @@ class Cluster:
         group.router.flush()
         group.router = self._router(targets)
         try:
-            outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=_AFTER_FAILURE)
+            outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=self.after_failure)
         except KeyboardInterrupt:
             busy = [r for r in targets if group.ranks[r].state == "busy"]
             stuck = self._interrupt(busy)
