@@ -39,7 +39,7 @@ The record looks like this (seconds are each submission's wall time, all steps):
 
     {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "jobs": 2, "sandbox": true,
      "grades_csv": "autograder/grades.csv",
-     "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 9.0, "tries": 1,
+     "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 9.0, "tries": 1, "retried_because": [],
                       "stages": {"setup": 0.1, "autograde": 6.1, "kernel_start": 1.9, "clean": 6.5,
                                  "clean_after_kernel": 0.9, "settle": 0.1, "feedback": 0.6},
                       "cells": {"ran": 30, "seconds": 3.2, "first": 1.4, "slowest": [...]},
@@ -310,7 +310,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
 
         def done(graded: Graded, retried: list[str]) -> None:
             run = graded.record()
-            run["tries"], run["retried_because"] = graded.attempt, retried
+            run["retried_because"] = retried
             try:
                 if graded.status == "ok":
                     _merge(graded)

@@ -10,8 +10,10 @@ folders.
 - ``solution_source(lesson, grade_id)`` is the instructor's code of one exercise cell.
 - ``submission(release, target, answers, drop, edit)`` writes a learner's notebook from a
   released one, with chosen exercise cells filled in, cells deleted or cells edited.
-- ``grade_class(folder, lesson, number, answers)`` does all of that for one lesson: one
-  notebook per learner, graded together as an instructor would.
+- ``hand_in(root, submissions, lesson, answers)`` writes one notebook per learner, and
+  ``layout(lesson, number)`` names an exercise's graded cells and points;
+  ``grade_class(folder, lesson, number, answers)`` does all of that for one lesson and
+  grades the learners together as an instructor would.
 - ``scores(root, lesson, cells, student)`` and ``feedback(root, lesson, student)`` read back
   what grading gave a learner: points per part from the gradebook, and the HTML feedback.
 - ``RING_ANSWERS``: answers to Exercise 4.4 that learners really hand in, each wrong in its
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from .course import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "grade_class", "scores", "feedback",
+__all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "grade_class", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
 
 #: Exercise 4.4 (``ring_allreduce``) as learners get it wrong, by kind.
@@ -153,29 +155,49 @@ def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> sub
 
 
 
-def grade_class(folder: Path, lesson: str, number: str,
-                answers: dict[str, dict[str, str] | None]) -> tuple[Path, dict[str, str], dict[str, float]]:
-    """Hand in ``lesson`` for every learner and grade them all (``python -m autograder grade``).
+def hand_in(root: Path, submissions: Path, lesson: str, answers: dict[str, dict[str, str] | None]) -> None:
+    """Write one notebook of ``lesson`` per learner into ``submissions``, from the course copy at ``root``.
 
     ``answers`` maps each learner to the exercise cells they filled in (grade_id -> source;
-    None hands the notebook in untouched). Returns the course copy's root, each graded
-    cell's grade_id -> its part of Exercise ``number``, and each part -> its points, ready
-    for :func:`scores`. Raises AssertionError when grading fails or the cells and the
-    declared parts disagree.
+    None hands the notebook in untouched). A learner who already handed this lesson in is
+    an error: two tests would then read one learner's grade as theirs.
+    """
+    release = root / "course" / lesson / f"{lesson}.ipynb"
+    for who, cells_of in answers.items():
+        target = submissions / who / lesson / f"{lesson}.ipynb"
+        if target.exists():
+            raise ValueError(f"{who} already handed in {lesson}: give each learner of a class a name of their own")
+        submission(release, target, cells_of)
+
+
+def layout(lesson: str, number: str) -> tuple[dict[str, str], dict[str, float]]:
+    """Exercise ``number``'s graded cells: grade_id -> part name, and part name -> points, ready for :func:`scores`.
+
+    Raises AssertionError when the notebook's graded cells and the declared parts disagree.
     """
     from . import exercise
     from .cells import graded_cells
 
-    root = course_copy(folder / "course", lessons=[lesson])
-    release = root / "course" / lesson / f"{lesson}.ipynb"
-    for who, cells_of in answers.items():
-        submission(release, folder / "submissions" / who / lesson / f"{lesson}.ipynb", cells_of)
-    done = run_instructor_command(root, "grade", str(folder / "submissions"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")}
+    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")
+             if c.number == number}
     points = {part.name: part.points for part in exercise(number).parts}
     assert set(cells.values()) == set(points), cells
-    return root, cells, points
+    return cells, points
+
+
+def grade_class(folder: Path, lesson: str, number: str,
+                answers: dict[str, dict[str, str] | None]) -> tuple[Path, dict[str, str], dict[str, float]]:
+    """Hand in ``lesson`` for every learner and grade them all (``python -m autograder grade``).
+
+    Returns the course copy's root, each graded cell's grade_id -> its part of Exercise
+    ``number``, and each part -> its points, ready for :func:`scores`. Raises AssertionError
+    when grading fails or the cells and the declared parts disagree.
+    """
+    root = course_copy(folder / "course", lessons=[lesson])
+    hand_in(root, folder / "submissions", lesson, answers)
+    done = run_instructor_command(root, "grade", str(folder / "submissions"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return (root, *layout(lesson, number))
 
 
 def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict[str, float]:

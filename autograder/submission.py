@@ -102,8 +102,10 @@ class Graded:
     log: str = ""
 
     def record(self) -> dict[str, Any]:
+        """Everything but the work folder and the log (which goes to a file of its own); ``attempt`` as ``tries``."""
         out = asdict(self)
         del out["folder"], out["log"]
+        out["tries"] = out.pop("attempt")
         return out
 
 

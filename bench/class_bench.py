@@ -16,10 +16,13 @@ instructor's answers to Exercises 4.1-4.3 and a different answer to Exercise 4.4
 The class is graded with ``python -m autograder grade --jobs N``, the instructor's command
 (sandboxed, with the clean re-grade), once for every N in ``--jobs``, each time in a fresh
 copy. It prints the wall time of each run, the speed-up, the score of each kind, whether
-every learner got the same score in every run, and what the cheat earned in its kernel
-against what counted. Last, a projection for 100 learners and all nine lessons on a
-16-core machine, from this run's seconds per submission and the per-lesson seconds of
-``bench/grading_bench.py`` (the README's grading table), stated with its assumptions.
+every learner got the same score in every run, and what the cheat earned (its patch runs
+in its own kernel, where no part is decided; the fresh process that decides leaves it out).
+Last, a projection for 100 learners and all nine lessons on a 16-core machine, from this
+run's seconds per submission and the per-lesson seconds of ``bench/grading_bench.py``
+(the README's grading table), stated with its assumptions.
+
+Target on 2 cores (issue 24): the 30 learners in at most 5 minutes with ``--jobs 2``.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_inst
 
 LESSON = "04-ring-all-reduce"
 KINDS = ("correct", "whole_tensor", "deadlock", "crash", "cheat")
-#: Seconds one solution submission of each lesson takes to autograde alone on the course's
-#: 2-core reference machine (README, "Autograding one learner's submission"), for the
-#: projection; lesson 07 has no row there yet, its 40 s is an estimate.
+#: Seconds one solution submission of each lesson takes to grade, all stages, alone (--jobs 1) on
+#: the course's 2-core reference machine (bench/README.md, "Grading one submission"), for the projection.
 LESSON_SECONDS = {"00": 8.2, "01": 19.9, "02": 24.2, "03": 27.5, "04": 27.3, "05": 31.9, "06": 48.0, "07": 40.0,
                   "08": 19.1}
+#: The most a class of 30 may take with --jobs 2, in seconds.
+TARGET = 300.0
 
 
 def _answers(kind: str, solution: dict[str, str]) -> dict[str, str]:
@@ -112,9 +116,14 @@ def main() -> int:
         print(f"  {kind:<14} {', '.join(f'{s:g}' for s in sorted(by_kind[kind])):>14} "
               f"{sum(secs) / max(1, len(secs)):>26.1f}")
     cheat = next(s for s in base["record"]["submissions"] if s["student"].startswith("cheat"))
-    in_kernel = sum(p["kernel_score"] or 0 for p in cheat["parts"])
-    print(f"\n  the cheat earned {in_kernel:g} in its own kernel; the clean re-grade counted {cheat['score']:g} "
-          f"(the honest built-in all_reduce answer earns the same: the cheat gains nothing)")
+    patched = any("autograder.kit" in line for line in cheat["left_out"])
+    print(f"\n  the cheat earned {cheat['score']:g}: its patch of the grading ran in its own kernel, where no part is "
+          f"decided, and was {'left out of' if patched else 'KEPT IN'} the fresh process that decided (the honest "
+          f"built-in all_reduce answer earns the same: the cheat gains nothing)")
+    two = next((run for run in runs if run["jobs"] == 2), None)
+    if two is not None and args.learners == 30:
+        ok = two["seconds"] <= TARGET
+        print(f"\n  {'PASS' if ok else 'FAIL'}  30 learners with --jobs 2 in {two['seconds']:.0f} s (at most {TARGET:g} s)")
 
     fastest = min(runs, key=lambda r: r["seconds"])
     here = os.cpu_count() or 1

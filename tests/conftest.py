@@ -258,3 +258,31 @@ def make_kernel():
     yield start
     for kernel in kernels:
         kernel.close()
+
+
+# --------------------------------------------------------------------------- one graded class
+
+
+@pytest.fixture(scope="session")
+def graded_class(request, tmp_path_factory):
+    """One `python -m autograder grade` run for every learner that this session's grading tests hand in.
+
+    Each test module that reads its grades from this run defines ``LESSONS`` (the lessons
+    it hands in) and ``hand_in(root, submissions)`` (writes its learners' notebooks, see
+    :func:`autograder.scratch.hand_in`). The modules collected in this session are asked,
+    their learners graded together in one throw-away copy of the course, and the run's
+    root folder and printed output returned: one grading run instead of one per module,
+    graded the way an instructor grades a class (two at a time). Running a single module
+    grades only its own learners.
+    """
+    from autograder.scratch import course_copy, run_instructor_command
+
+    modules = sorted({item.module for item in request.session.items if hasattr(item.module, "hand_in")},
+                     key=lambda module: module.__name__)
+    tmp = tmp_path_factory.mktemp("graded-class")
+    root = course_copy(tmp / "course", lessons=sorted({lesson for m in modules for lesson in m.LESSONS}))
+    for module in modules:
+        module.hand_in(root, tmp / "submissions")
+    done = run_instructor_command(root, "grade", str(tmp / "submissions"), "--jobs", "2")
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
+    return root, done.stdout

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import (GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, sandbox_flags,
-                                solution_source, submission)
+from autograder.scratch import GRADER_PATCH, RING_ANSWERS, sandbox_flags, solution_source, submission
 from autograder.summary import CSV_NAME, HTML_NAME
 
 WHOLE_TENSOR_RING = RING_ANSWERS["whole_tensor"]
@@ -139,13 +138,12 @@ def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     return answers, parts
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grading")
-    root = course_copy(tmp / "course", lessons=[LESSON02, LESSON03, LESSON])
-    subs = tmp / "submissions"
-    layouts = {lesson: _layout(lesson) for lesson in (LESSON02, LESSON03, LESSON)}
+LESSONS = [LESSON02, LESSON03, LESSON]
 
+
+def hand_in(root: Path, subs: Path) -> None:
+    """This module's learners, graded with the others of the session (tests/conftest.py's graded_class)."""
+    layouts = {lesson: _layout(lesson) for lesson in LESSONS}
     ans, parts = layouts[LESSON]
     assert set(ans) == {"4.1", "4.2", "4.3", "4.4"} and len(parts) == 10, (ans, parts)
     release = root / "course" / LESSON / f"{LESSON}.ipynb"
@@ -180,9 +178,11 @@ def graded(tmp_path_factory):
     submission(release2, target("carol", LESSON02), {ans2["2.1"]: LOCAL_RING_SUM})
     submission(release2, target("oscar", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"]) + ESCAPE})
 
-    done = run_instructor_command(root, "grade", str(subs))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root, {lesson: layout[1] for lesson, layout in layouts.items()}, done.stdout
+
+@pytest.fixture(scope="module")
+def graded(graded_class):
+    root, out = graded_class
+    return root, {lesson: _layout(lesson)[1] for lesson in LESSONS}, out
 
 
 def _cell_scores(root: Path, lesson: str, student: str | None) -> dict[str, float]:
@@ -287,7 +287,7 @@ def test_grading_run_record_matches_the_gradebook(graded):
     """Does autograder/grading-run.json record every learner's seconds, status and score per lesson, as the gradebook has them?"""
     root, _, _ = graded
     record = json.loads((root / "autograder" / "grading-run.json").read_text())
-    runs = {(run["student"], run["lesson"]): run for run in record["submissions"]}
+    runs = {(run["student"], run["lesson"]): run for run in record["submissions"] if run["lesson"] in LESSONS}
     assert set(runs) == ({(who, LESSON) for who in LESSON04_LEARNERS} | {(who, LESSON03) for who in LESSON03_LEARNERS}
                          | {(who, LESSON02) for who in LESSON02_LEARNERS})
     for (_, lesson), run in runs.items():
@@ -369,3 +369,18 @@ def test_class_summary_counts_passes_and_commonest_failures(graded):
     html = (root / "autograder" / HTML_NAME).read_text()
     assert "Class summary" in html and "Slowest submissions" in html and "<td>4.4</td>" in html
     assert "Class summary" in out and "Slowest:" in out
+
+
+def test_feedback_shows_no_path_of_the_grading_machine(graded):
+    """Does no learner's feedback page name a folder of the machine that graded it (the course, the work folders,
+    Python's installation), even where it shows a traceback?"""
+    import sys
+
+    from autograder.sandbox import PACKAGE_DIRS
+
+    root, _, _ = graded
+    pages = sorted((root / "autograder" / "feedback").glob("*/*/*.html"))
+    assert len(pages) >= len(LESSON04_LEARNERS)
+    secret = {str(root), str(PACKAGE_DIRS[0].parent), "/tmp/course-grading-", sys.prefix, sys.base_prefix}
+    found = {page.relative_to(root).as_posix(): [s for s in secret if s in page.read_text()] for page in pages}
+    assert not {page: paths for page, paths in found.items() if paths}, found
