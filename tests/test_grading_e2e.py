@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -369,6 +370,10 @@ def test_class_summary_counts_passes_and_commonest_failures(graded):
     html = (root / "autograder" / HTML_NAME).read_text()
     assert "Class summary" in html and "Slowest submissions" in html and "<td>4.4</td>" in html
     assert "Class summary" in out and "Slowest:" in out
+    # Each group of failures is shown by a real message of it, numbers and all, never by its pattern ("on N ranks").
+    shown = [line.strip() for line in out.split("Class summary", 1)[1].splitlines() if re.match(r"\s+\d+x ", line)]
+    assert shown and not [line for line in shown if re.search(r"\bN\b", line)], shown
+    assert any(re.search(r"\d", line.split("x ", 1)[1]) for line in shown), shown
 
 
 def test_feedback_shows_no_path_of_the_grading_machine(graded):
