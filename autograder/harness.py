@@ -165,7 +165,7 @@ def _stub_failure(part: str, function: str, exercise: str, text: str) -> Grading
 
 #: Rank runs since :func:`reuse_ranks` or the last :func:`take_stats`: how many, seconds in them, fresh groups started.
 _STATS = {"runs": 0, "seconds": 0.0, "started": 0}
-#: Warm groups kept between runs by :func:`reuse_ranks`, by their shape and switched-off calls.
+#: Warm groups kept between runs by :func:`reuse_ranks`, by their shape (world size, simulated hosts).
 _POOL: dict[tuple, Cluster] | None = None
 
 
@@ -173,7 +173,8 @@ def reuse_ranks(on: bool = True) -> None:
     """Keep ranks alive between the checks of this process (the clean re-grade of one submission).
 
     Every check then runs on a warm group of its shape instead of fresh processes: about a
-    millisecond instead of a tenth of a second or more per run. A group is used again only
+    millisecond instead of a tenth of a second or more per run. The calls a check switches
+    off travel with each run (:meth:`helpers.Cluster.run`'s ``forbid``). A group is used again only
     when it is as a fresh one would be: every rank idle and answering, the default process
     group up, torch's default dtype and gradient mode as they start, and every message a
     rank sent received. After any failure, or anything else, the group is stopped and the
@@ -228,14 +229,14 @@ def _ranks(worker: Callable, world_size: int, args: tuple, *, timeout: float, fo
             _STATS["started"] += 1
             return launch(worker, world_size, args, timeout=timeout, output="quiet", forbid=forbid, trace=trace,
                           backend="gloo", nnodes=nnodes, init=init)
-        key = (world_size, nnodes, tuple(sorted(forbid.items())))
+        key = (world_size, nnodes)
         cluster = _POOL.pop(key, None)
         if cluster is None:
             _STATS["started"] += 1
             cluster = Cluster(world_size, backend="gloo", nnodes=nnodes, timeout=max(timeout, 30.0), output="quiet",
-                              view="text", forbid=forbid, after_failure=0.0, start=False).start(announce=False)
+                              view="text", after_failure=0.0, start=False).start(announce=False)
         try:
-            values = cluster.run(worker, *args, timeout=timeout, trace=trace)
+            values = cluster.run(worker, *args, timeout=timeout, trace=trace, forbid=forbid)
             usable = _clean_board(cluster) and all(cluster.run(_as_fresh, timeout=5.0))
         except BaseException:
             cluster.shutdown()

@@ -255,6 +255,8 @@ class _Rank:
         if inst is not None:
             inst.take_events()
             inst.tracing = request.trace
+            forbid = getattr(request, "forbid", None)
+            inst.refuse_only(self.group.forbid if forbid is None else forbid)
         try:
             value = self._run(request)
         except BaseException as exc:  # noqa: BLE001 - every failure goes home

@@ -203,17 +203,21 @@ class Cluster:
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
         trace: bool = False,
+        forbid: Forbid | None = None,
         **kwargs: Any,
     ) -> Results:
         """Call ``fn(rank, world_size, *args, **kwargs)`` on every rank (or ``ranks``).
 
         Returns the results in the order of ``ranks`` (by default, index = rank); with
         ``trace=True`` the list's ``.trace`` holds every torch.distributed call made.
+        ``forbid`` switches these calls off for this call only, instead of the cluster's own
+        (as :func:`helpers.launch` takes it).
         """
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
         targets = self._targets(ranks)
-        outcome = self._request(Call(0, serialize_call(fn, args, kwargs), trace), targets, timeout)
+        refused = forbid_reasons(forbid) if forbid is not None else None
+        outcome = self._request(Call(0, serialize_call(fn, args, kwargs), trace, refused), targets, timeout)
         return self._results(outcome, targets, trace)
 
     def _results(self, outcome: Outcome, targets: list[int], trace: bool, display: bool = False) -> Results:

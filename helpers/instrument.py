@@ -59,6 +59,7 @@ from .protocol import (
 __all__ = ["Instrument", "FORBIDDEN_ALIASES", "NOT_COMMUNICATION", "current"]
 
 _current: "Instrument | None" = None
+_INHERITED = object()  # an attribute a class only inherits: putting it back means deleting ours
 
 
 def current() -> "Instrument | None":
@@ -220,7 +221,9 @@ class Instrument:
         self.world_size = world_size
         self.tracing = False
         self.events: list[TraceEvent] = []
-        self.forbidden: dict[str, str] = {}
+        self.forbidden: dict[str, str] = {}  # collectives refused by the wrappers, with their reasons
+        self.refused: dict[str, str] = {}  # everything switched off now, as forbid() was given it
+        self._refusing: set[tuple[Any, str]] = set()  # attributes replaced by refusers
         self.seq = 0  # collectives entered, on any group
         self.world_seq = 0  # collectives entered on the default group (every rank makes these in one order)
         self._local = threading.local()
@@ -297,7 +300,7 @@ class Instrument:
             if getattr(dist, name, None) is original:
                 self._set(dist, name, wrapped)
         self._watch_ddp()
-        self._installed = {key: getattr(*key) for key in self._originals}
+        self._installed = {key: vars(key[0])[key[1]] for key in self._originals}
 
     def _watch_ddp(self) -> None:
         """Make DistributedDataParallel's communication show on the board and in traces.
@@ -394,13 +397,42 @@ class Instrument:
 
     def uninstall(self) -> None:
         """Put torch.distributed's own functions back (used to measure the wrappers' cost)."""
-        for (owner, name), original in self._originals.items():
-            if (owner, name) in getattr(self, "_installed", {}):
-                setattr(owner, name, original)
+        for key, original in self._originals.items():
+            if key in getattr(self, "_installed", {}):
+                self._put_back(key, original)
 
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        self._originals.setdefault((owner, name), getattr(owner, name))
+    def _set(self, owner: Any, name: str, value: Any, refusing: bool = False) -> None:
+        # The attribute as it sits in the owner's own dict: a class's method is kept as its
+        # descriptor (getattr would unwrap a pybind11 method, which then no longer binds
+        # ``self`` when put back), and one it only inherits is kept as _INHERITED.
+        self._originals.setdefault((owner, name), vars(owner).get(name, _INHERITED))
         setattr(owner, name, value)
+        if refusing:
+            self._refusing.add((owner, name))
+
+    def _put_back(self, key: tuple[Any, str], value: Any) -> None:
+        owner, name = key
+        if value is _INHERITED:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+
+    def refuse_only(self, reasons: dict[str, str]) -> None:
+        """Make exactly these calls switched off (name -> reason), putting back any other switched off before.
+
+        What a request that brings its own ``forbid`` does on kept ranks (see
+        :meth:`helpers.Cluster.run`): the calls the last request switched off work again, with
+        the wrappers in place, and these are refused. Nothing changes when they are already so.
+        """
+        if reasons == self.refused:
+            return
+        installed = getattr(self, "_installed", {})
+        for key in self._refusing:
+            self._put_back(key, installed.get(key, self._originals[key]))
+        self._refusing.clear()
+        self.forbidden.clear()
+        self.refused = {}
+        self.forbid(reasons)
 
     def forbid(self, reasons: dict[str, str]) -> None:
         """Switch off these calls (name -> the reason the learner reads).
@@ -408,6 +440,7 @@ class Instrument:
         A collective's name also switches off its process-group methods and functional
         version; :data:`~helpers.protocol.DDP` switches off DistributedDataParallel.
         """
+        self.refused = {**self.refused, **reasons}
         for name, reason in reasons.items():
             if name == DDP:
                 self._forbid_ddp(reason)
@@ -419,25 +452,26 @@ class Instrument:
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in _process_group_classes():
                     if hasattr(cls, method):
-                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason))
+                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason), refusing=True)
             try:
                 import torch.distributed._functional_collectives as fc
             except ImportError:
                 continue
             for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
                 if hasattr(fc, fname):
-                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason))
+                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason), refusing=True)
 
     def _forbid_course_ring(self, reason: str) -> None:
         from . import ring
 
         for fname in ring.__all__:
-            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason))
+            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason), refusing=True)
 
     def _forbid_ddp(self, reason: str) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        self._set(DistributedDataParallel, "__init__", _refuser("torch.nn.parallel.DistributedDataParallel", reason))
+        self._set(DistributedDataParallel, "__init__", _refuser("torch.nn.parallel.DistributedDataParallel", reason),
+                  refusing=True)
 
     # -- the wrapper ------------------------------------------------------------------
 

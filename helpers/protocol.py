@@ -233,11 +233,13 @@ class Exited:
 @dataclass(frozen=True)
 class Call:
     """Call ``fn(rank, world_size, *args, **kwargs)``; ``payload`` is the cloudpickled
-    ``(fn, args, kwargs)``."""
+    ``(fn, args, kwargs)``. ``forbid`` (call name -> reason), when given, is what is
+    switched off while this call runs, instead of the group's own :attr:`GroupSpec.forbid`."""
 
     id: int
     payload: bytes
     trace: bool = False
+    forbid: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -238,3 +238,38 @@ def test_shutdown_leaves_no_child_processes():
         assert c2.exec("rank") == [0, 1]
     assert wait_until(lambda: set(children_of(fpid)) <= before, 2.0), children_of(fpid)
     assert all(is_gone(pid) for pid in pids)
+
+
+def _sum_with(rank, world_size, how):
+    import helpers.ring
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([rank + 1.0])
+    if how == "all_reduce":
+        dist.all_reduce(t)
+    elif how == "process_group":
+        dist.group.WORLD.allreduce([t]).wait()
+    else:
+        helpers.ring.pipelined_ring_allreduce(t)
+    return t.item()
+
+
+def test_forbid_per_run_replaces_the_clusters_own_and_is_undone_by_the_next_run():
+    """On kept ranks, does run(forbid=...) switch calls off for that run only (with its own reason, through the
+    process-group object and the course's ring too), and does the next run have the cluster's own forbid back?"""
+    with Cluster(2, backend="gloo", output="quiet", view="text", forbid={"broadcast": "not in this cluster"}) as cluster:
+        assert cluster.run(_sum_with, "all_reduce") == [3.0, 3.0]
+        for how, what in (("all_reduce", "torch.distributed.all_reduce"), ("process_group", "allreduce"),
+                          ("ring", "helpers.ring")):
+            with pytest.raises(RankFailedError) as err:
+                cluster.run(_sum_with, how, forbid={"all_reduce": "build it yourself", "helpers.ring": "not the ring"})
+            assert what in str(err.value.exc_message) and "switched off here" in str(err.value.exc_message), err.value
+        with pytest.raises(RankFailedError, match="no reason given|this launch switched it off"):
+            cluster.run(lambda rank, world_size: __import__("torch.distributed").distributed.all_reduce(
+                __import__("torch").ones(1)), forbid=["all_reduce"])
+        assert cluster.run(_sum_with, "all_reduce") == [3.0, 3.0]  # the cluster's own forbid is back
+        assert cluster.run(_sum_with, "ring") == [3.0, 3.0]
+        with pytest.raises(RankFailedError, match="not in this cluster"):
+            cluster.run(lambda rank, world_size: __import__("torch.distributed").distributed.broadcast(
+                __import__("torch").ones(1), 0))
