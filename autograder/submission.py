@@ -228,17 +228,28 @@ def _seconds_between(start: str, end: str) -> float:
 
 
 def _cell_times(nb: Any) -> dict[str, Any]:
-    """From nbclient's timestamps: how many cells ran, their seconds in all, the first (imports) and the slowest."""
+    """From nbclient's timestamps: how many cells ran, their seconds in all and each, the imports cell, the slowest.
+
+    The imports cell is the first code cell that imports something, past the Colab set-up
+    cell (which does nothing outside Colab).
+    """
+    from .colab import SETUP_ID
+
     timed = []
     for index, cell in enumerate(nb.cells):
         timing = cell.get("metadata", {}).get("execution", {})
         start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
         if cell.cell_type == "code" and start and end:
             first = next((line for line in cell.source.splitlines() if line.strip()), "")
-            timed.append({"cell": index, "seconds": round(_seconds_between(start, end), 2), "source": first[:80]})
+            timed.append({"cell": index, "seconds": round(_seconds_between(start, end), 2), "source": first[:80],
+                          "imports": cell.get("id") != SETUP_ID and re.search(r"^\s*(import|from) ", cell.source,
+                                                                                re.M) is not None})
+    imports = next((c["seconds"] for c in timed if c["imports"]), None)
+    for c in timed:
+        del c["imports"]
     slowest = sorted(timed, key=lambda c: -c["seconds"])[:_SLOWEST_CELLS]
-    return {"ran": len(timed), "seconds": round(sum(c["seconds"] for c in timed), 2),
-            "first": timed[0]["seconds"] if timed else None, "slowest": slowest}
+    return {"ran": len(timed), "seconds": round(sum(c["seconds"] for c in timed), 2), "imports": imports,
+            "each": [[c["cell"], c["seconds"]] for c in timed], "slowest": slowest}
 
 
 class _Job:

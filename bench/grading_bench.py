@@ -114,17 +114,18 @@ def main() -> int:
                          "longest_cell": _longest_cell(graded) if graded.is_file() else None, "score": score})
 
     print(f"Grading one submission, all stages, real nbgrader, --jobs 1; machine: {machine_line()}\n")
-    print(f"{'lesson':<24} {'submission':<12} {'seconds':>7} {'kernel':>7} {'cells':>6} {'clean':>6} "
-          f"{'checks':>7} {'launches':>8} {'feedback':>8} {'longest cell':>12} {'score':>9}")
+    print(f"{'lesson':<24} {'submission':<12} {'seconds':>7} {'kernel':>7} {'imports':>7} {'cells':>6} {'clean':>6} "
+          f"{'checks':>7} {'runs':>5} {'feedback':>8} {'longest cell':>12} {'score':>9}")
     for row in rows:
         score = f"{row['score'][0]:g} / {row['score'][1]:g}" if row["score"] else row["status"]
         cell = f"{row['longest_cell']:.1f} s" if row["longest_cell"] is not None else "-"
         st = row["stages"]
         print(f"{row['lesson']:<24} {row['student']:<12} {row['seconds']:>7.1f} {st.get('kernel_start', 0):>7.1f} "
-              f"{row['cells'].get('seconds', 0):>6.1f} {st.get('clean', 0):>6.1f} {row['checks']:>7.1f} "
-              f"{row['launches']:>8} {st.get('feedback', 0):>8.1f} {cell:>12} {score:>9}")
-    print("\n(kernel: from nbgrader's start to the kernel's answer; cells: the notebook's cells in the kernel; clean: "
-          "the clean re-grade, which runs beside the kernel; checks: its graded parts; feedback: the HTML page)")
+              f"{row['cells'].get('imports') or 0:>7.1f} {row['cells'].get('seconds', 0):>6.1f} {st.get('clean', 0):>6.1f} "
+              f"{row['checks']:>7.1f} {row['launches']:>5} {st.get('feedback', 0):>8.1f} {cell:>12} {score:>9}")
+    print("\n(kernel: from nbgrader's start to the kernel's answer; imports: the notebook's imports cell; cells: all its "
+          "cells in the kernel; clean: the clean re-grade, which runs beside the kernel; checks: its graded parts, "
+          "with the rank runs they made; feedback: the HTML page)")
     print(f"\nthe grade command took {total:.1f} s in all for {len(rows)} submissions")
     checks = []
     by_lesson: dict[str, dict[str, list[float]]] = {}
