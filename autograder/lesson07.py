@@ -72,6 +72,18 @@ def make_dataset():
 COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset, "EPOCHS": EPOCHS,
                           "BATCH_SIZE": BATCH_SIZE, "LR": LR, "CHECKPOINT": CHECKPOINT}
 
+# The leaked group, or why the wrapper imports torch.distributed.nn before the learner's script:
+# the functions of torch.distributed.nn.functional take ``group=group.WORLD`` as a default argument, evaluated
+# when the module is first imported, and DistributedDataParallel's constructor imports it. In a
+# script that builds DDP after init_process_group (every answer to 7.1), those defaults keep the
+# default process group for good: destroy_process_group() then cannot free it, and its gloo
+# threads (two pt_gloo_runloop workers and the gloo_tcp_loop) still run while the interpreter
+# exits. Now and then (1 torchrun job in about 300 here, more under load) that teardown ended a
+# process that had done everything right with "terminate called without an active exception"
+# (SIGABRT), after its exit was recorded: torchrun's ChildFailedError with no traceback at all.
+# Imported first, the defaults are None (the default group at call time), and the group and its
+# threads are gone when destroy_process_group() returns.
+
 # Runs in every process torchrun starts, before the learner's script: records each
 # torch.save and, at exit, whether the process group was destroyed; dumps the stack
 # if the process is still running shortly before the grader's timeout.
@@ -82,17 +94,26 @@ RANK = os.environ.get("RANK", "?")
 _stacks = open(os.path.join(LOG, f"stack-{RANK}.txt"), "w")
 faulthandler.dump_traceback_later(float(os.environ["COURSE_STACKS_AFTER"]), file=_stacks)
 import torch, torch.distributed as dist
+try:  # before any process group exists: see the note on the leaked group above
+    import torch.distributed.nn
+except ImportError:
+    pass
 _save = torch.save
 def _recorded_save(obj, f, *args, **kwargs):
     with open(os.path.join(LOG, "saves.jsonl"), "a") as out:
         out.write(json.dumps({"rank": RANK, "path": os.path.abspath(str(f)) if isinstance(f, (str, os.PathLike)) else repr(f)}) + "\\n")
     return _save(obj, f, *args, **kwargs)
 torch.save = _recorded_save
+def _native_threads():
+    try:
+        return [open(f"/proc/self/task/{t}/comm").read().strip() for t in sorted(os.listdir("/proc/self/task"))]
+    except OSError:  # not Linux
+        return []
 def _at_exit():
     faulthandler.cancel_dump_traceback_later()
     alive = dist.is_available() and dist.is_initialized()
     with open(os.path.join(LOG, f"exit-{RANK}.json"), "w") as out:
-        json.dump({"rank": RANK, "group_alive": alive}, out)
+        json.dump({"rank": RANK, "group_alive": alive, "threads": _native_threads()}, out)
 atexit.register(_at_exit)
 sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")] + sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -111,6 +132,7 @@ class Run:
     timed_out: bool = False
     saves: list[dict] = field(default_factory=list)
     exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
+    threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     stacks: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -175,6 +197,7 @@ def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEO
     for f in folder.glob("exit-*.json"):
         record = json.loads(f.read_text())
         run.exits[record["rank"]] = record["group_alive"]
+        run.threads[record["rank"]] = record.get("threads", [])
     for f in folder.glob("stack-*.txt"):
         text = f.read_text().strip()
         if text:
