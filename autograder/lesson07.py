@@ -18,6 +18,15 @@ the same global batches for the reference weights and loss. A run that does not 
 time is stopped with everything it started, and each process's stack (dumped by
 ``faulthandler`` just before) says where it was.
 
+When a process fails, the feedback is that process's own account: the script runs under
+torch's ``@record``, so its exception and traceback go to the error file its agent gave it
+(``TORCHELASTIC_ERROR_FILE``); the agent is ``torch.distributed.run.main`` itself, and it
+keeps what its ``ChildFailedError`` knows of each failed process (rank, local rank, exit
+code, error file) in a JSON file; ``--log-dir`` keeps each process's stdout and stderr. The
+first failure in time is shown: its rank, the exception, the learner's line and the
+traceback's tail, or, for a process that a signal or ``os._exit`` ended, its exit code and
+last lines on stderr.
+
 Hidden test cells and the visible self-check::
 
     from autograder import exercise
@@ -27,8 +36,10 @@ Hidden test cells and the visible self-check::
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -86,8 +97,11 @@ COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset
 
 # Runs in every process torchrun starts, before the learner's script: records each
 # torch.save and, at exit, whether the process group was destroyed; dumps the stack
-# if the process is still running shortly before the grader's timeout.
-WRAPPER = '''\
+# if the process is still running shortly before the grader's timeout. The script runs
+# under torch's own ``@record`` (torch.distributed.elastic.multiprocessing.errors), so an
+# exception is written to the error file the agent gave this process (TORCHELASTIC_ERROR_FILE)
+# and reaches the agent's failure report, as in lesson 07's section 1.
+WRAPPER = """\
 import atexit, faulthandler, json, os, runpy, sys
 LOG = os.environ["COURSE_GRADING_LOG"]
 RANK = os.environ.get("RANK", "?")
@@ -98,6 +112,11 @@ try:  # before any process group exists: see the note on the leaked group above
     import torch.distributed.nn
 except ImportError:
     pass
+try:
+    from torch.distributed.elastic.multiprocessing.errors import record
+except ImportError:  # no elastic package: the traceback still reaches stderr
+    def record(fn):
+        return fn
 _save = torch.save
 def _recorded_save(obj, f, *args, **kwargs):
     with open(os.path.join(LOG, "saves.jsonl"), "a") as out:
@@ -116,8 +135,67 @@ def _at_exit():
         json.dump({"rank": RANK, "group_alive": alive, "threads": _native_threads()}, out)
 atexit.register(_at_exit)
 sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")] + sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+record(runpy.run_path)(sys.argv[0], run_name="__main__")
+"""
+
+# The agent: torch.distributed.run.main, the very function the ``torchrun`` command runs, with
+# one addition: when processes fail, what the agent knows of each (ChildFailedError.failures:
+# rank, local rank, exit code, error file, the message read from it) is kept in a JSON file, so
+# the checks read those fields instead of the text of its report. Its output and exit code are
+# torchrun's own.
+AGENT = """\
+import json, os, sys
+from torch.distributed.run import main
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+sys.argv[0] = "torchrun"
+try:
+    main()
+except ChildFailedError as failed:
+    kept = []
+    for rank, failure in failed.failures.items():
+        kept.append({"rank": rank, "local_rank": getattr(failure, "local_rank", None),
+                     "exitcode": getattr(failure, "exitcode", None), "pid": getattr(failure, "pid", None),
+                     "error_file": getattr(failure, "error_file", None),
+                     "message": getattr(failure, "message", None), "timestamp": getattr(failure, "timestamp", None)})
+    with open(os.environ["COURSE_AGENT_FAILURES"], "w") as out:
+        json.dump(kept, out, default=str)
+    raise
+"""
+STDERR_LINES = 8  # a failed process's last lines shown in feedback
+GRACE_AFTER_FAILURE = 15.0  # how long the other agents may take to end once one agent failed
+
+
+@dataclass
+class Failure:
+    """One process of a torchrun job that failed, as its agent saw it.
+
+    ``exception`` is the process's exception line and ``traceback`` its Python traceback,
+    both from the error file ``@record`` wrote (empty when it died without one: a signal,
+    ``os._exit``, ``sys.exit``); ``stderr``/``stdout`` are its last lines on each stream,
+    from the files torchrun's ``--log-dir`` keeps per process; ``when`` orders failures.
+    """
+
+    agent: int
+    rank: int
+    local_rank: int | None
+    exitcode: int | None
+    when: float
+    exception: str = ""
+    traceback: str = ""
+    stderr: list[str] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)
+
+    @property
+    def signal(self) -> str | None:
+        """``SIGKILL`` for a process a signal ended (negative exit code), else None."""
+        import signal
+
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
 
 
 @dataclass
@@ -134,6 +212,7 @@ class Run:
     exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     stacks: dict[str, str] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)  # first in time first
 
     @property
     def world_size(self) -> int:
@@ -153,6 +232,13 @@ class Run:
 
 
 _runs: dict[tuple, Run] = {}
+_folders: list[Path] = []  # every job's folder, removed when this process ends
+
+
+@atexit.register
+def _remove_folders() -> None:
+    for folder in _folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -163,12 +249,15 @@ def _free_port() -> int:
 
 def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEOUT) -> Run:
     """Run ``fn`` as ``main()`` of a script under ``nnodes`` torchrun agents of ``nproc`` processes."""
-    from helpers import export_script, start
+    import time
+
+    from helpers import Interrupted, export_script, start
 
     folder = Path(tempfile.mkdtemp(prefix="course-ex7_1-"))
+    _folders.append(folder)
     export_script(fn, folder / "train.py", setup=False, replace=COURSE)
     (folder / "graded_run.py").write_text(WRAPPER)
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    (folder / "graded_agent.py").write_text(AGENT)
     port = _free_port()
     env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(timeout - 10), "PYTHONPATH": "",
            "OMP_NUM_THREADS": "1"}
@@ -176,21 +265,32 @@ def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEO
     for node in range(nnodes):
         rendezvous = (["--standalone"] if nnodes == 1 else
                       [f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"])
-        jobs.append(start([torchrun, *rendezvous, f"--nproc-per-node={nproc}", "--max-restarts=0", "graded_run.py"],
-                          cwd=folder, env=env, output="quiet", label=f"agent {node}"))
+        # --log-dir keeps each process's stdout, stderr and error file; --tee=3 still shows them in the output.
+        logs = ["--tee=3", f"--log-dir={folder / f'logs-{node}'}"]
+        jobs.append(start([sys.executable, str(folder / "graded_agent.py"), *rendezvous, f"--nproc-per-node={nproc}",
+                           "--max-restarts=0", *logs, "graded_run.py"],
+                          cwd=folder, env={**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")},
+                          output="quiet", label=f"agent {node}"))
     timed_out = False
-    import time
-
     deadline = time.monotonic() + timeout
-    for job in jobs:
-        try:
-            job.wait(max(0.1, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - CommandTimeoutError: stopped with all it started
-            timed_out = True
-    for job in jobs:
-        job.stop()
+    try:
+        while any(job.running() for job in jobs):
+            now = time.monotonic()
+            failed = any(job.returncode not in (None, 0) for job in jobs)
+            if now >= deadline:
+                timed_out = not failed  # a stop after an agent failed is that failure's doing, not a hang
+                break
+            if failed:  # one agent failed: the others get a short grace period, not the whole timeout
+                deadline = min(deadline, now + GRACE_AFTER_FAILURE)
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # the stop button
+        raise Interrupted("Exercise 7.1's torchrun job was interrupted; every process it started was stopped.") from None
+    finally:
+        for job in jobs:
+            job.stop()
     run = Run(nnodes, nproc, folder, [job.returncode for job in jobs],
               [f"[{job.label}] {line}" for job in jobs for line in job.lines], timed_out)
+    (folder / "output.txt").write_text("\n".join(run.output) + "\n")  # the whole job's output, for instructors
     saves = folder / "saves.jsonl"
     if saves.is_file():
         run.saves = [json.loads(line) for line in saves.read_text().splitlines() if line.strip()]
@@ -202,7 +302,64 @@ def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEO
         text = f.read_text().strip()
         if text:
             run.stacks[f.stem.split("-", 1)[1]] = text
+    # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely
+    # stopped by its agent because another one had failed: it comes after every other failure.
+    run.failures = sorted((failure for node in range(nnodes) for failure in _read_failures(folder, node)),
+                          key=lambda failure: (failure.signal in ("SIGTERM", "SIGINT"), failure.when, failure.agent,
+                                               failure.rank))
     return run
+
+
+def _last_lines(path: Path | None, n: int = STDERR_LINES) -> list[str]:
+    if path is None or not path.is_file():
+        return []
+    lines = [line.rstrip() for line in path.read_text(errors="replace").splitlines()]
+    return [line for line in lines if line.strip()][-n:]
+
+
+def _process_logs(folder: Path, node: int, local_rank: int | None) -> Path | None:
+    """The folder where agent ``node``'s ``--log-dir`` keeps this process's stdout.log, stderr.log, error.json."""
+    if local_rank is None:
+        return None
+    found = sorted((folder / f"logs-{node}").glob(f"**/attempt_*/{local_rank}"))  # <run id>_<random>/attempt_0/<local rank>
+    return found[-1] if found else None
+
+
+def _read_failures(folder: Path, node: int) -> list[Failure]:
+    """What agent ``node`` recorded of its failed processes (see AGENT), with each one's error file and logs."""
+    path = folder / f"failures-{node}.json"
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    failures = []
+    for record in records:
+        local_rank = record.get("local_rank")
+        logs = _process_logs(folder, node, local_rank)
+        error_file = Path(str(record.get("error_file") or ""))
+        if not error_file.is_file() and logs is not None:
+            error_file = logs / "error.json"
+        message = record.get("message")
+        if error_file.is_file() and not isinstance(message, dict):
+            try:
+                message = json.loads(error_file.read_text()).get("message")
+            except (OSError, ValueError, AttributeError):
+                pass
+        exception = traceback = ""
+        if isinstance(message, dict):  # written by @record: {"message": "Type: text", "extraInfo": {"py_callstack": ...}}
+            exception = str(message.get("message") or "")
+            extra = message.get("extraInfo")
+            traceback = str(extra.get("py_callstack") or "") if isinstance(extra, dict) else ""
+        try:  # when the process wrote its error file: finer than the agent's whole seconds
+            when = error_file.stat().st_mtime if error_file.is_file() else float(record.get("timestamp") or 0)
+        except (OSError, ValueError):
+            when = 0.0
+        failures.append(Failure(
+            agent=node, rank=int(record.get("rank", -1)), local_rank=local_rank, exitcode=record.get("exitcode"),
+            when=when, exception=exception, traceback=traceback,
+            stderr=_last_lines(logs / "stderr.log" if logs else None),
+            stdout=_last_lines(logs / "stdout.log" if logs else None)))
+    return failures
 
 
 def _cached_run(attempt: Attempt, nnodes: int, nproc: int) -> Run:
@@ -230,6 +387,65 @@ def _stack_summary(run: Run) -> str:
     return "\n".join(lines)
 
 
+def _short_paths(text: str, folder: Path) -> str:
+    """A traceback with the job's folder and the site-packages prefix cut: ``train.py``, ``torch/...``."""
+    text = text.replace(str(folder) + "/", "")
+    return re.sub(r'File "[^"]*?/site-packages/', 'File "', text)
+
+
+def _learner_line(failure: Failure, folder: Path) -> str:
+    """``train.py line 41, in main: raise ValueError(...)``: the innermost frame of the learner's script."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', failure.traceback)
+    mine = [f for f in frames if Path(f[0]).name == "train.py"]
+    if not mine:
+        return ""
+    _, line, func = mine[-1]
+    try:
+        source = (folder / "train.py").read_text().splitlines()[int(line) - 1].strip()
+    except (OSError, IndexError):
+        source = ""
+    return f"train.py line {line}, in {func}" + (f": {source}" if source else "")
+
+
+def _in_brief(failure: Failure) -> str:
+    """``ValueError: ...``, ``SIGTERM`` or ``exit code 3``: one failure in a few words."""
+    if failure.exception:
+        line = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", failure.exception.splitlines()[0])  # gloo's source path
+        return line[:120] + ("..." if len(line) > 120 else "")
+    return failure.signal or f"exit code {failure.exitcode}"
+
+
+def describe_failure(run: Run, failure: Failure) -> str:
+    """What one failed process did, in the words of the feedback: who, how it ended, its exception or last lines."""
+    who = f"rank {failure.rank}"
+    if run.nnodes > 1:
+        who += f" (local rank {failure.local_rank} under torchrun agent {failure.agent})"
+    if failure.exception:
+        code = f" (exit code {failure.exitcode})" if failure.exitcode not in (None, 1) else ""
+        text = f"{who} raised {failure.exception}{code}"
+        where = _learner_line(failure, run.folder)
+        if where:
+            text += f"\n  at {where}"
+        lines = _short_paths(failure.traceback, run.folder).strip().splitlines()
+        mine = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "train.py"')]
+        tail = lines[mine[0]:] if mine else lines  # from the script's first frame: not the wrapper's or runpy's
+        tail = tail[-2 * STDERR_LINES:]
+        if tail:
+            text += "\nIts traceback ends:\n" + "\n".join("  " + line[:200] for line in tail)
+        return text
+    if failure.signal:
+        text = f"{who} was killed by {failure.signal} (exit code {failure.exitcode}), without a Python exception"
+    else:
+        text = (f"{who} exited with code {failure.exitcode} without a Python exception (sys.exit, os._exit, "
+                "or an error outside Python ends a process this way)")
+    stream, lines = ("stderr", failure.stderr) if failure.stderr else ("stdout", failure.stdout)
+    if lines:
+        text += f". Its last lines on {stream}:\n" + "\n".join("  " + line[:200] for line in lines)
+    else:
+        text += ". It wrote nothing."
+    return text
+
+
 def _require_success(attempt: Attempt, run: Run) -> None:
     if run.timed_out:
         where = _stack_summary(run)
@@ -239,20 +455,31 @@ def _require_success(attempt: Attempt, run: Run) -> None:
             + f"\nThe job's last lines:\n{run.tail()}\nA process that waits for a collective the others "
               "never make hangs; so does a process group whose ranks disagree (a hard-coded rank).")
     failed = [(i, code) for i, code in enumerate(run.codes) if code != 0]
-    if failed:
-        hint = ""
-        text = "\n".join(run.output)
-        if "--local-rank" in text or "--local_rank" in text:
-            hint = ("\ntorchrun does not pass --local-rank on the command line (only the old torch.distributed.launch "
-                    "did): read LOCAL_RANK from the environment, os.environ['LOCAL_RANK'].")
-        elif "KeyError" in text and "environ" in text:
-            hint = "\nA variable your main() read from os.environ is not one torchrun sets."
-        agent, code = failed[0]
-        errors = [line for line in run.output if re.search(r"Error\b|error:", line)
-                  and "error_file" not in line and "debug_logger" not in line]
-        shown = "\n".join("  " + line[:200] for line in dict.fromkeys(errors[:6])) if errors else run.tail()
-        attempt.fail(f"under {run.where}, torchrun agent {agent} exited with code {code}: a process of the job "
-                     f"failed. {'Its errors' if errors else 'The job' + chr(39) + 's last lines'}:\n{shown}{hint}")
+    if not failed:
+        return
+    text = "\n".join(run.output)
+    hint = ""
+    if "--local-rank" in text or "--local_rank" in text:
+        hint = ("\ntorchrun does not pass --local-rank on the command line (only the old torch.distributed.launch "
+                "did): read LOCAL_RANK from the environment, os.environ['LOCAL_RANK'].")
+    elif any(f.exception.startswith("KeyError") for f in run.failures) or ("KeyError" in text and "environ" in text):
+        hint = "\nA variable your main() read from os.environ is not one torchrun sets."
+    agent, code = failed[0]
+    if run.failures:  # what torchrun's agents recorded: the first failure in time is the root cause
+        first, *others = run.failures
+        agent, code = first.agent, run.codes[first.agent]
+        also = ""
+        if others:
+            also = "\nAlso failed after it: " + "; ".join(f"rank {f.rank} ({_in_brief(f)})" for f in others[:3]) + (
+                "; ..." if len(others) > 3 else "")
+        attempt.fail(f"under {run.where}, a process failed and torchrun stopped the job (agent {agent} exited with "
+                     f"code {code}). The first to fail:\n{describe_failure(run, first)}{also}{hint}")
+    # No agent recorded a failed process (the agent itself failed, or was stopped): its own words.
+    errors = [line for line in run.output if re.search(r"Error\b|error:", line)
+              and "error_file" not in line and "debug_logger" not in line]
+    shown = "\n".join("  " + line[:200] for line in dict.fromkeys(errors[:6])) if errors else run.tail()
+    attempt.fail(f"under {run.where}, torchrun agent {agent} exited with code {code}. "
+                 f"{'Its errors' if errors else 'The job' + chr(39) + 's last lines'}:\n{shown}{hint}")
 
 
 def _reference(world_size: int) -> tuple[list, float]:

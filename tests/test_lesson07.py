@@ -1,12 +1,97 @@
-"""Exercise 7.1's torchrun jobs: does a right answer end cleanly under the checks' wrapper?"""
+"""Exercise 7.1's checks when a process fails: does the feedback carry the failing process's own words?
+
+Every test runs a wrong ``main()`` under real ``torchrun`` agents, as the hidden tests and the
+self-check do (``autograder.exercise("7.1")``), and reads the feedback a learner would read.
+Before, a failed job showed only torchrun's ``ChildFailedError:`` line: the rank, its
+exception and the learner's line were lost, and a process that died without an exception
+left nothing at all.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 import pytest
+import torch.distributed as dist
+
+from autograder.kit import GradingFailure, exercise
 
 pytestmark = pytest.mark.slow
+
+
+def raises_on_rank_one():
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    if rank == 1:
+        raise ValueError(f"rank {rank} found a bad batch")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def leaves_with_os_exit():
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        print("rank 1 saved nothing", flush=True)
+        print("rank 1 leaves now", file=sys.stderr, flush=True)
+        os._exit(3)
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def killed_by_a_signal():
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    if rank == 1:
+        print("rank 1 is about to be killed", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _feedback(fn, part: str = "runs") -> str:
+    with pytest.raises(GradingFailure) as failed:
+        if part == "self-check":
+            exercise("7.1").self_check(fn)
+        else:
+            exercise("7.1").grade(fn, part)
+    return str(failed.value)
+
+
+def test_a_rank_that_raises_is_named_with_its_exception_and_line():
+    """Under two agents, does 'runs' name rank 1, its ValueError and the learner's line, not only ChildFailedError?"""
+    text = _feedback(raises_on_rank_one)
+    first = text.split("The first to fail:\n", 1)[1]
+    assert first.startswith("rank 1 (local rank 1 under torchrun agent 0) raised ValueError: rank 1 found a bad batch"), text
+    assert 'at train.py line' in first and 'in raises_on_rank_one: raise ValueError(f"rank {rank} found a bad batch")' in first
+    assert "Its traceback ends:" in first and 'File "train.py"' in first
+    assert "graded_run.py" not in text and "runpy" not in text  # the course's wrapper is not the learner's code
+
+
+def test_the_self_check_shows_the_same():
+    """Does the self-check (one agent of two processes) show the failing rank's exception and line too?"""
+    text = _feedback(raises_on_rank_one, "self-check")
+    assert "one torchrun agent of 2 processes" in text
+    assert "rank 1 raised ValueError: rank 1 found a bad batch" in text
+    assert 'raise ValueError(f"rank {rank} found a bad batch")' in text
+
+
+def test_a_rank_that_exits_without_an_exception_shows_its_code_and_last_output():
+    """Does os._exit(3) on rank 1 show as rank 1's exit code 3 and its last stderr line, before the ranks stopped for it?"""
+    text = _feedback(leaves_with_os_exit)
+    first = text.split("The first to fail:\n", 1)[1]
+    assert first.startswith("rank 1 (local rank 1 under torchrun agent 0) exited with code 3 without a Python exception"), text
+    assert "Its last lines on stderr:\n  rank 1 leaves now" in first
+
+
+def test_a_rank_killed_by_a_signal_says_so():
+    """Does a SIGKILL on rank 1 show as 'killed by SIGKILL' with the rank's last stderr line?"""
+    text = _feedback(killed_by_a_signal)
+    first = text.split("The first to fail:\n", 1)[1]
+    assert first.startswith("rank 1 (local rank 1 under torchrun agent 0) was killed by SIGKILL (exit code -9)"), text
+    assert "rank 1 is about to be killed" in first
 
 
 def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
