@@ -83,17 +83,27 @@ def make_dataset():
 COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset, "EPOCHS": EPOCHS,
                           "BATCH_SIZE": BATCH_SIZE, "LR": LR, "CHECKPOINT": CHECKPOINT}
 
-# The leaked group, or why the wrapper imports torch.distributed.nn before the learner's script:
-# the functions of torch.distributed.nn.functional take ``group=group.WORLD`` as a default argument, evaluated
-# when the module is first imported, and DistributedDataParallel's constructor imports it. In a
-# script that builds DDP after init_process_group (every answer to 7.1), those defaults keep the
-# default process group for good: destroy_process_group() then cannot free it, and its gloo
-# threads (two pt_gloo_runloop workers and the gloo_tcp_loop) still run while the interpreter
-# exits. Now and then (1 torchrun job in about 300 here, more under load) that teardown ended a
-# process that had done everything right with "terminate called without an active exception"
-# (SIGABRT), after its exit was recorded: torchrun's ChildFailedError with no traceback at all.
-# Imported first, the defaults are None (the default group at call time), and the group and its
-# threads are gone when destroy_process_group() returns.
+# The last reference to a process group, or why the wrapper holds each group and imports
+# torch.distributed.nn before the learner's script. Every gloo collective's work object keeps
+# a Python object (its at::ThreadLocalState), and a gloo worker thread (pt_gloo_runloop) lets
+# go of it, taking the GIL, just after the collective returned. Two ways this ended a right
+# answer (both seen here, with torch 2.13, about once in 10 to 300 jobs; more under load):
+# - at exit: DDP's constructor imports torch.distributed.nn, whose functions take
+#   ``group=group.WORLD`` as a default argument evaluated at import, so imported after
+#   init_process_group they keep the default group for good; destroy_process_group() cannot
+#   free it, and when the worker lets go of that object during the interpreter's finalization,
+#   the thread is ended inside a noexcept destructor: "terminate called without an active
+#   exception", SIGABRT, after the process had recorded a clean exit (torchrun's
+#   ChildFailedError with no traceback at all);
+# - at main()'s return: with the defaults gone, DDP's Reducer held the group's last reference
+#   and freed it with the GIL held (pybind's dealloc); ~ProcessGroupGloo joined a worker that
+#   was waiting for the GIL: a deadlock, the job stopped after 90 s (gdb: Reducer::~Reducer ->
+#   ~ProcessGroupGloo -> thread::join, and the worker in ~AsyncBarrierWork -> gil_scoped_acquire).
+# So: torch.distributed.nn is imported before any group exists (its defaults are None), the
+# wrapper keeps a reference to the default group from init_process_group on (no Reducer or
+# tensor ever frees it), and when the script has returned it destroys the group if the script
+# did not and drops those references: a ProcessGroup's own dealloc releases the GIL, the
+# worker finishes, the threads are joined, and the process exits with no gloo thread left.
 
 # Runs in every process torchrun starts, before the learner's script: records each
 # torch.save and, at exit, whether the process group was destroyed; dumps the stack
@@ -108,7 +118,7 @@ RANK = os.environ.get("RANK", "?")
 _stacks = open(os.path.join(LOG, f"stack-{RANK}.txt"), "w")
 faulthandler.dump_traceback_later(float(os.environ["COURSE_STACKS_AFTER"]), file=_stacks)
 import torch, torch.distributed as dist
-try:  # before any process group exists: see the note on the leaked group above
+try:  # before any process group exists: see the note on the last reference above
     import torch.distributed.nn
 except ImportError:
     pass
@@ -128,14 +138,30 @@ def _native_threads():
         return [open(f"/proc/self/task/{t}/comm").read().strip() for t in sorted(os.listdir("/proc/self/task"))]
     except OSError:  # not Linux
         return []
-def _at_exit():
+_groups = []  # the process groups the script made, held here: see the note on the last reference above
+_init_process_group = dist.init_process_group
+def _kept_init_process_group(*args, **kwargs):
+    result = _init_process_group(*args, **kwargs)
+    _groups.append(dist.distributed_c10d._get_default_group())
+    return result
+dist.init_process_group = _kept_init_process_group
+_finished = []
+def _finish(release):
+    if _finished:
+        return
+    _finished.append(True)
     faulthandler.cancel_dump_traceback_later()
     alive = dist.is_available() and dist.is_initialized()
+    if release:  # the script returned: end its groups now, while Python is whole
+        if alive:
+            dist.destroy_process_group()
+        del _groups[:]  # the last references; a ProcessGroup's dealloc lets go of the GIL while gloo's threads end
     with open(os.path.join(LOG, f"exit-{RANK}.json"), "w") as out:
         json.dump({"rank": RANK, "group_alive": alive, "threads": _native_threads()}, out)
-atexit.register(_at_exit)
+atexit.register(_finish, False)
 sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")] + sys.argv[1:]
 record(runpy.run_path)(sys.argv[0], run_name="__main__")
+_finish(True)
 """
 
 # The agent: torch.distributed.run.main, the very function the ``torchrun`` command runs, with
