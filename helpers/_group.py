@@ -269,9 +269,21 @@ class RankGroup:
     # -- the wait loop ----------------------------------------------------------------
 
     def poll(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` seconds for anything, and handle all that arrived."""
+        """Wait up to ``timeout`` seconds for anything, and handle all that arrived.
+
+        A request larger than a pipe holds (64 KiB: a function sent with its data) is
+        written as the rank reads it: its command pipe is watched for room while part of
+        it waits, so the rest goes as soon as there is room, not at the next wake-up.
+        """
         ms = None if timeout is None else max(0, int(timeout * 1000))
-        ready = self._poller.poll(ms)
+        writing = [s.fds["cmd"] for s in self.ranks if s.writer is not None and s.writer.waiting and "cmd" in s.fds]
+        for fd in writing:
+            self._poller.register(fd, select.POLLOUT)
+        try:
+            ready = self._poller.poll(ms)
+        finally:
+            for fd in writing:
+                self._poller.unregister(fd)
         # Output first: what a rank printed before it replied must appear before the reply.
         # Factory events last: a rank's reply is written before its exit can be reported.
         ready.sort(key=self._order)

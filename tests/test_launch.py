@@ -693,3 +693,16 @@ def test_forbid_names_are_checked_before_any_rank_starts(spawned):
     with pytest.raises(TypeError, match="list of call names"):
         launch(_calls_all_reduce_three_ways, 2, args=("function",), forbid="all_reduce")
     assert spawned == []
+
+
+def test_a_launch_carrying_megabytes_is_written_as_the_ranks_read_it(no_leftover_ranks):
+    """Does a launch whose arguments are 16 MB (256 pipe-fulls) reach its ranks about as fast as a small one, not a
+    wait for the next wake-up (up to 0.25 s) per 64 KB, which made it take 15 s and more?"""
+    def total(rank, ws, x):
+        return float(x.sum())
+
+    launch(total, 2, (torch.ones(1),), output="quiet")  # warm
+    big = torch.ones(1 << 22)  # 16 MB of float32
+    started = time.perf_counter()
+    assert launch(total, 2, (big,), output="quiet") == [float(1 << 22)] * 2
+    assert time.perf_counter() - started < 5.0
