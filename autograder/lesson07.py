@@ -455,6 +455,9 @@ def describe_failure(run: Run, failure: Failure) -> str:
         lines = _short_paths(failure.traceback, run.folder).strip().splitlines()
         mine = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "train.py"')]
         tail = lines[mine[0]:] if mine else lines  # from the script's first frame: not the wrapper's or runpy's
+        wrapper = [i for i, line in enumerate(tail) if line.lstrip().startswith('File "graded_run.py"')]
+        tail = [line for i, line in enumerate(tail) if i not in wrapper and i - 1 not in wrapper  # and its kept init
+                and line.strip().strip("^~")]  # nor Python's markers under a line
         tail = tail[-2 * STDERR_LINES:]
         if tail:
             text += "\nIts traceback ends:\n" + "\n".join("  " + line[:200] for line in tail)
