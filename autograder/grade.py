@@ -305,7 +305,8 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     with tempfile.TemporaryDirectory() as scratch:
         template = Path(scratch) / "gradebook.db"
         shutil.copy2(WORK / "gradebook.db", template)
-        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed)
+        overlap = os.environ.get("COURSE_CLEAN_BESIDE_KERNEL", "1") != "0"
+        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed, overlap=overlap)
                  for student, lesson in pairs]
 
         def done(graded: Graded, retried: list[str]) -> None:

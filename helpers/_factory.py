@@ -142,13 +142,19 @@ class _Server:
 
         from . import _rank  # noqa: F401
 
+        if os.environ.get("HELPERS_WARM_UP") == "now":
+            self._warm_up()
+
     def _warm_up(self) -> None:
         """Import, once the factory is idle, what ranks would otherwise each import again.
 
         Building the first optimizer imports ``torch._dynamo`` (about 1 s, and more while
         several ranks do it at once on few cores). Done here, every later rank inherits
         it. It runs only after the factory has sat idle for a moment, so it never delays
-        the first launch; it neither starts threads nor touches CUDA.
+        the first launch; it neither starts threads nor touches CUDA. ``HELPERS_WARM_UP=now``
+        does it before the factory says it is ready instead: for a process that launches at
+        once and keeps its ranks (the clean re-grade, whose checks build optimizers on kept
+        ranks that would each import it again).
         """
         for name in _WARM_UP_MODULES:
             try:
