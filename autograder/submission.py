@@ -435,7 +435,8 @@ def _settle(job: _Job, results: list[dict[str, Any]], left_out: list[str], stopp
             parts.append({"grade_id": grade_id, "exercise": graded.number, "part": graded.part,
                           "points": graded.points, "score": score, "message": result.get("message"),
                           "check_error": bool(result.get("check_error")), "seconds": result.get("seconds"),
-                          "launches": result.get("launches"), "launch_seconds": result.get("launch_seconds")})
+                          "launches": result.get("launches"), "launch_seconds": result.get("launch_seconds"),
+                          "fresh_groups": result.get("fresh_groups")})
             cell = by_id.get(grade_id)
             if cell is not None:
                 cell.outputs = _verdict_outputs(cell, result, left_out, job.folder)
