@@ -47,10 +47,10 @@ from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_inst
 
 LESSON = "04-ring-all-reduce"
 KINDS = ("correct", "whole_tensor", "deadlock", "crash", "cheat")
-#: Seconds one solution submission of each lesson takes to grade, all stages, alone (--jobs 1) on
-#: the course's 2-core reference machine (bench/README.md, "Grading one submission"), for the projection.
-LESSON_SECONDS = {"00": 8.2, "01": 19.9, "02": 24.2, "03": 27.5, "04": 27.3, "05": 31.9, "06": 48.0, "07": 40.0,
-                  "08": 19.1}
+#: Seconds one solution submission of each lesson takes to grade, all stages, alone (--jobs 1) on the
+#: course's 2-core reference machine, for the projection (medians of `bench/grading_bench.py --repeats 3`).
+LESSON_SECONDS = {"00": 4.8, "01": 8.8, "02": 11.1, "03": 10.4, "04": 9.9, "05": 10.9, "06": 10.6, "07": 17.6,
+                  "08": 5.4}
 #: The most a class of 30 may take with --jobs 2, in seconds.
 TARGET = 300.0
 
@@ -136,8 +136,9 @@ def main() -> int:
     print(f"\n  Projection for 100 learners x 9 lessons on a {cores}-core machine (--jobs {cores}): "
           f"{projected / 60:.0f} min.")
     print(f"    One lesson-04 submission cost {per_core:.1f} core-seconds here (--jobs {fastest['jobs']} on {here} cores), "
-          f"{ratio:.2f}x its autograde time alone ({LESSON_SECONDS['04']} s); the other lessons are scaled by the "
-          f"same factor from their autograde times ({sum(LESSON_SECONDS.values()):.0f} s for all nine), and the "
+          f"{ratio:.2f}x its grading time alone ({LESSON_SECONDS['04']} s, all stages, --jobs 1); the other lessons are "
+          f"scaled by the "
+          f"same factor from their grading times ({sum(LESSON_SECONDS.values()):.0f} s for all nine), and the "
           f"work is assumed to spread evenly over {cores} cores. This class is one fifth deadlocks, the slowest kind.")
     if args.json:
         Path(args.json).write_text(json.dumps({"learners": args.learners, "same_scores": same, "runs": [
