@@ -35,6 +35,7 @@ Example: a whole (tiny) exercise, graded on two ranks::
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import re
 import traceback
@@ -303,10 +304,8 @@ def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the c
 
 def _lesson_modules() -> dict[int, str]:
     """Lesson number -> module name, for every ``autograder/lessonNN.py``."""
-    from . import __path__ as package_path
-
     found = {}
-    for info in pkgutil.iter_modules(package_path):
+    for info in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
         match = _LESSON_MODULE.match(info.name)
         if match:
             found[int(match[1])] = f"{__package__}.{info.name}"

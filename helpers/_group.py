@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from . import _wire
 from ._factory import Factory, FactoryError
-from ._report import earliest, in_distributed_call
-from .deadlock import Deadlock, DeadlockWatch
+from ._report import Outcome, earliest, in_distributed_call
+from .deadlock import DeadlockWatch
 from .output import OutputRouter
 from .protocol import (
     FD_NAMES,
@@ -44,7 +44,7 @@ from .protocol import (
     Spawned,
 )
 
-__all__ = ["RankGroup", "RankState", "Outcome", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
+__all__ = ["RankGroup", "RankState", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
 
 #: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
 #: the rank factory's `python -c` module (see helpers._factory).
@@ -92,31 +92,6 @@ class RankState:
     writer: _wire.FrameWriter | None = None
     reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
     diag: bytearray = field(default_factory=bytearray)
-
-
-@dataclass
-class Outcome:
-    """How a request to several ranks ended, with the evidence that explains it."""
-
-    replies: dict[int, Result] = field(default_factory=dict)
-    failures: list[Failure | Death] = field(default_factory=list)  # errors and unexpected exits
-    pending: list[int] = field(default_factory=list)  # ranks still busy when waiting stopped
-    cause: Failure | Death | None = None  # the root cause among the failures
-    diag: str = ""  # what the cause wrote on its diagnostics stream during the request
-    board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
-    stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
-    main_threads: dict[int, int | None] = field(default_factory=dict)
-    # Set when waiting stopped because pending ranks were found deadlocked (helpers.deadlock),
-    # rather than at the timeout.
-    deadlock: Deadlock | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures and not self.pending
-
-    @property
-    def finished(self) -> list[int]:
-        return sorted(self.replies)
 
 
 class RankGroup:

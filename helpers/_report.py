@@ -1,23 +1,120 @@
-"""Turning how a request to the ranks ended into one clear exception for the notebook.
+"""How a request to the ranks ended, and the one place that turns it into an exception.
 
-:func:`outcome_error` is the one place that does it, for launches and persistent ranks
-alike: the root cause's own error (:meth:`~helpers.protocol.Failure.to_error`,
-:meth:`~helpers.protocol.Death.to_error`) when a rank failed, else the hang report (a
-:class:`~helpers.DeadlockError` when the ranks were found deadlocked before the timeout).
+:class:`Outcome` is what :class:`helpers._group.RankGroup` returns for a request: the
+replies, the failures and the evidence that explains them. :func:`outcome_error` turns it
+into the notebook's exception, for launches and persistent ranks alike: the root cause's
+own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
+died) when a rank failed, else the hang report (a :class:`~helpers.DeadlockError` when the
+ranks were found deadlocked before the timeout).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from . import diagnose
-from .errors import DeadlockError, LaunchError, LaunchTimeoutError
-from .protocol import Death, Failure
+from .deadlock import Deadlock
+from .errors import DeadlockError, LaunchError, LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
+from .protocol import BoardRecord, Death, Failure, Result
 
-if TYPE_CHECKING:
-    from ._group import Outcome
+__all__ = [
+    "Outcome",
+    "outcome_error",
+    "cause_error",
+    "failure_error",
+    "death_error",
+    "group_stopped_error",
+    "hang_report",
+    "earliest",
+    "in_distributed_call",
+]
 
-__all__ = ["outcome_error", "group_stopped_error", "hang_report", "earliest", "in_distributed_call"]
+
+@dataclass
+class Outcome:
+    """How a request to several ranks ended, with the evidence that explains it."""
+
+    replies: dict[int, Result] = field(default_factory=dict)
+    failures: list[Failure | Death] = field(default_factory=list)  # errors and unexpected exits
+    pending: list[int] = field(default_factory=list)  # ranks still busy when waiting stopped
+    cause: Failure | Death | None = None  # the root cause among the failures
+    diag: str = ""  # what the cause wrote on its diagnostics stream during the request
+    board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
+    stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
+    main_threads: dict[int, int | None] = field(default_factory=dict)
+    # Set when waiting stopped because pending ranks were found deadlocked (helpers.deadlock),
+    # rather than at the timeout.
+    deadlock: Deadlock | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.pending
+
+    @property
+    def finished(self) -> list[int]:
+        return sorted(self.replies)
+
+
+def failure_error(failure: Failure, world_size: int, stopped: list[int], note: str = "") -> RankFailedError:
+    """The notebook's error for a rank that raised; ``note`` is added as a last paragraph."""
+    err, rank = failure.error, failure.rank
+    phase = " while setting up its process group" if err.phase == "init" else ""
+    if err.type == "SystemExit":
+        head = f"rank {rank} of {world_size} called sys.exit({err.message}){phase}"
+    else:
+        head = f"rank {rank} of {world_size} raised {err.type}{phase}: {err.message}"
+    lines = relabel_traceback(err.text).rstrip().splitlines()
+    if lines and lines[0].startswith("Traceback"):
+        lines = lines[1:]
+    message = f"{head}\n\nTraceback from rank {rank} (most recent call last):\n" + "\n".join(lines)
+    return RankFailedError(
+        message + (f"\n\n{note}" if note else ""),
+        rank=rank,
+        world_size=world_size,
+        exc_type=err.type,
+        exc_message=err.message,
+        rank_traceback=err.text,
+        exitcode=None,
+        original=err.original(),
+        frames=list(err.frames),
+        stopped=list(stopped),
+    )
+
+
+def death_error(death: Death, world_size: int, stopped: list[int], note: str = "", diag: str = "") -> RankFailedError:
+    """The notebook's error for a rank that died; ``diag`` is what faulthandler wrote (a crash's stack)."""
+    code = death.code if death.code is not None else 1
+    if code < 0:
+        how = f"was killed by {signal_name(code)} (exit code {code})"
+        hint = (" A SIGKILL often means the machine ran out of memory; SIGSEGV or SIGABRT point at a "
+                "crash inside C++ code.")
+    else:
+        how = f"exited with code {code} before returning"
+        hint = " A call to os._exit, or a crash in C code, ends a rank without a Python exception."
+    message = f"rank {death.rank} of {world_size} {how}.{hint}"
+    threads = diagnose.parse_dump(diag) if diag.strip() else []
+    if threads and threads[-1]["frames"]:
+        message += "\n\nIts last Python stack:\n" + diagnose.format_stack(threads[-1]["frames"])
+    return RankFailedError(
+        message + (f"\n\n{note}" if note else ""),
+        rank=death.rank,
+        world_size=world_size,
+        exc_type=None,
+        exc_message=how,
+        rank_traceback="",
+        exitcode=code,
+        original=None,
+        frames=[],
+        stopped=list(stopped),
+    )
+
+
+def cause_error(cause: Failure | Death, world_size: int, stopped: list[int], note: str = "",
+                diag: str = "") -> RankFailedError:
+    """The notebook's error for one rank's failure or death (see :func:`failure_error`, :func:`death_error`)."""
+    if isinstance(cause, Failure):
+        return failure_error(cause, world_size, stopped, note=note)
+    return death_error(cause, world_size, stopped, note=note, diag=diag)
 
 
 def earliest(failures: list[Failure | Death]) -> Failure | Death:
@@ -41,7 +138,7 @@ def in_distributed_call(failure: Failure | Death) -> bool:
 
 
 def outcome_error(
-    outcome: "Outcome",
+    outcome: Outcome,
     world_size: int,
     timeout: float,
     *,
@@ -56,11 +153,11 @@ def outcome_error(
     first line); ``stopped`` lists the ranks stopped because of a failure.
     """
     if outcome.cause is not None:
-        return outcome.cause.to_error(world_size, list(stopped), note=note, diag=outcome.diag)
+        return cause_error(outcome.cause, world_size, list(stopped), note=note, diag=outcome.diag)
     return hang_report(outcome, world_size, timeout, what=what, recovery=note)
 
 
-def group_stopped_error(outcome: "Outcome", live: list[int], world_size: int, timeout: float,
+def group_stopped_error(outcome: Outcome, live: list[int], world_size: int, timeout: float,
                         what: str = "The ranks") -> LaunchError:
     """The error for a request after which the whole group is stopped (``live``: its ranks
     still running): the failure's other ranks, or every rank of a hang, are named as stopped."""
@@ -74,7 +171,7 @@ def group_stopped_error(outcome: "Outcome", live: list[int], world_size: int, ti
 
 
 def hang_report(
-    outcome: "Outcome", world_size: int, timeout: float, what: str = "The ranks", recovery: str = ""
+    outcome: Outcome, world_size: int, timeout: float, what: str = "The ranks", recovery: str = ""
 ) -> LaunchTimeoutError:
     """The error for ranks still running at the timeout, from their stacks and the board.
 

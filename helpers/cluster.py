@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 
 from . import diagnose
 from ._factory import get_factory
-from ._group import Outcome, RankGroup
-from ._report import group_stopped_error, outcome_error
+from ._group import RankGroup
+from ._report import Outcome, group_stopped_error, outcome_error
 from .backend import Choice, resolve_backend
 from .errors import Interrupted, LaunchError, signal_name
 from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world

@@ -26,8 +26,8 @@ import time
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from ._factory import get_factory
-from ._group import Outcome, RankGroup
-from ._report import group_stopped_error
+from ._group import RankGroup
+from ._report import Outcome, group_stopped_error
 from .backend import resolve_backend
 from .errors import Interrupted, LaunchError
 from .output import OutputRouter, OutputSpec

@@ -13,8 +13,8 @@ framed by :mod:`helpers._wire` (ranks) or sent as one packet (factory):
   :class:`Death`, which the notebook makes from the factory's :class:`Exited` when a
   rank ends while something still waited for it;
 - :class:`RankException`: an exception raised in a rank, captured there
-  (:meth:`RankException.capture`) and turned back into the notebook's error
-  (:meth:`Failure.to_error`), both halves here;
+  (:meth:`RankException.capture`); :mod:`helpers._report` turns it into the notebook's
+  error;
 - :class:`BoardRecord` and :class:`Board`: the few bytes per rank, in shared memory,
   where each rank notes what it is doing right now (so a hang can be explained even
   while a rank is blocked inside C++), and :class:`P2PCounts`, the point-to-point
@@ -45,8 +45,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
-
-from .errors import RankFailedError, relabel_traceback, signal_name
 
 __all__ = [
     "POINT_TO_POINT",
@@ -372,31 +370,6 @@ class Failure:
     def time(self) -> float:
         return self.error.time
 
-    def to_error(self, world_size: int, stopped: list[int], note: str = "", diag: str = "") -> RankFailedError:
-        """The notebook's error for this failure; ``note`` is added as a last paragraph."""
-        err, rank = self.error, self.rank
-        phase = " while setting up its process group" if err.phase == "init" else ""
-        if err.type == "SystemExit":
-            head = f"rank {rank} of {world_size} called sys.exit({err.message}){phase}"
-        else:
-            head = f"rank {rank} of {world_size} raised {err.type}{phase}: {err.message}"
-        lines = relabel_traceback(err.text).rstrip().splitlines()
-        if lines and lines[0].startswith("Traceback"):
-            lines = lines[1:]
-        message = f"{head}\n\nTraceback from rank {rank} (most recent call last):\n" + "\n".join(lines)
-        return RankFailedError(
-            message + (f"\n\n{note}" if note else ""),
-            rank=rank,
-            world_size=world_size,
-            exc_type=err.type,
-            exc_message=err.message,
-            rank_traceback=err.text,
-            exitcode=None,
-            original=err.original(),
-            frames=list(err.frames),
-            stopped=list(stopped),
-        )
-
 
 @dataclass
 class Death:
@@ -405,35 +378,6 @@ class Death:
     rank: int
     code: int | None
     time: float = field(default_factory=time.time)
-
-    def to_error(self, world_size: int, stopped: list[int], note: str = "", diag: str = "") -> RankFailedError:
-        """The notebook's error for this death; ``diag`` is what faulthandler wrote (a crash's stack)."""
-        from . import diagnose
-
-        code = self.code if self.code is not None else 1
-        if code < 0:
-            how = f"was killed by {signal_name(code)} (exit code {code})"
-            hint = (" A SIGKILL often means the machine ran out of memory; SIGSEGV or SIGABRT point at a "
-                    "crash inside C++ code.")
-        else:
-            how = f"exited with code {code} before returning"
-            hint = " A call to os._exit, or a crash in C code, ends a rank without a Python exception."
-        message = f"rank {self.rank} of {world_size} {how}.{hint}"
-        threads = diagnose.parse_dump(diag) if diag.strip() else []
-        if threads and threads[-1]["frames"]:
-            message += "\n\nIts last Python stack:\n" + diagnose.format_stack(threads[-1]["frames"])
-        return RankFailedError(
-            message + (f"\n\n{note}" if note else ""),
-            rank=self.rank,
-            world_size=world_size,
-            exc_type=None,
-            exc_message=how,
-            rank_traceback="",
-            exitcode=code,
-            original=None,
-            frames=[],
-            stopped=list(stopped),
-        )
 
 
 Reply = Union[Ready, Result, Failure]
