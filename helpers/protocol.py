@@ -71,7 +71,6 @@ __all__ = [
     "Result",
     "Failure",
     "Death",
-    "Reply",
     "Frame",
     "RankException",
     "BoardRecord",
@@ -379,8 +378,6 @@ class Death:
     code: int | None
     time: float = field(default_factory=time.time)
 
-
-Reply = Union[Ready, Result, Failure]
 
 # --------------------------------------------------------------------------------------
 # The board: what each rank is doing right now.

@@ -34,10 +34,8 @@ from typing import Any, Iterable
 
 from .protocol import TraceEvent
 
-__all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS", "RING_PHASES"]
+__all__ = ["Event", "Trace", "RING_PHASES"]
 
-SEND_OPS = ("send", "isend", "send_object_list")
-RECV_OPS = ("recv", "irecv", "recv_object_list")
 #: The two phases of a ring all-reduce, in the order it runs them.
 RING_PHASES = ("reduce-scatter", "all-gather")
 _COLORS = {
