@@ -18,7 +18,7 @@ import pytest
 import autograder.kit
 from autograder.clean import define, exercise_code, exercise_code_from_cells
 from autograder.kit import exercises
-from autograder.scratch import GRADER_PATCH, RING_ANSWERS
+from devtools.scratch import GRADER_PATCH, RING_ANSWERS
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))

@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 from nbclient import NotebookClient
 
 from autograder.release import ReleaseError, build
-from autograder.scratch import solution_source
+from devtools.scratch import solution_source
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON_MODULES = sorted(p.stem for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py"))

@@ -1,4 +1,5 @@
-"""Does any module of helpers/ or autograder/ import itself back through others?
+"""Does any module of helpers/, autograder/ or devtools/ import itself back through others,
+or a package it stands below?
 
 The imports are read with :mod:`ast`, without running anything: every ``import`` and
 ``from ... import`` in a file counts, also those inside functions and under
@@ -19,7 +20,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("helpers", "autograder")
+PACKAGES = ("helpers", "autograder", "devtools")
+#: Who may import whom among the packages: the course's runtime stands alone, the grading
+#: tools use it, and the developers' tools (not shipped) may use both.
+LAYERS = {"helpers": set(), "autograder": {"helpers"}, "devtools": {"helpers", "autograder"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -130,6 +134,19 @@ def test_no_import_circles():
     )
 
 
+def test_packages_import_downward_only():
+    """Does helpers/ import nothing of autograder/ or devtools/, and autograder/ nothing of devtools/?"""
+    graph = import_graph()
+    modules = _modules()
+    wrong = [
+        f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
+        for a, targets in sorted(graph.items())
+        for b, line in sorted(targets.items())
+        if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in LAYERS[a.split(".")[0]]
+    ]
+    assert not wrong, "imports against the packages' order (helpers <- autograder <- devtools):\n" + "\n".join(wrong)
+
+
 def test_reader_sees_lazy_relative_and_type_checking_imports(tmp_path: Path):
     """Does the reader count imports inside functions, under TYPE_CHECKING, and relative ones?"""
     a = tmp_path / "a.py"
@@ -144,7 +161,48 @@ def test_reader_sees_lazy_relative_and_type_checking_imports(tmp_path: Path):
     assert circles({"x": {"y": 1}, "y": {"z": 1}, "z": {"x": 1}, "w": {"x": 1}}) == [["x", "y", "z"]]
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+def test_every_relative_import_resolves():
+    """Does every relative import name a module (or a name of a package's __init__) that exists?
+
+    A moved module leaves its lazy ``from .x import y`` behind; this finds it without running it.
+    """
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        package = _package_of(name, path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level):
+                continue
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+            origin = ".".join(base + ([node.module] if node.module else []))
+            if origin not in modules:
+                wrong.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: no module {origin}")
+                continue
+            if modules[origin].name == "__init__.py":
+                for alias in node.names:
+                    child = f"{origin}.{alias.name}"
+                    if child not in modules and not _defines(modules[origin], alias.name):
+                        wrong.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: {origin} has no {alias.name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _defines(path: Path, name: str) -> bool:
+    """Whether the module at ``path`` binds ``name`` at its top level (or serves it from ``__getattr__``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in (name, "__getattr__"):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("package", ("helpers", "autograder"))
 def test_every_package_is_read(package: str):
     """Does the reader find the package's modules (so an empty graph cannot pass unnoticed)?"""
     graph = import_graph()
