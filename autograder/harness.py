@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import helpers
 from helpers import Cluster, ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
-from helpers.protocol import Frame
+from helpers._runtime.protocol import Frame
 
 __all__ = [
     "GradingFailure",
@@ -209,7 +209,7 @@ def _as_fresh(rank: int, world_size: int) -> bool:
 
 def _clean_board(cluster: Cluster) -> bool:
     """Every rank idle, none made a call its message counts cannot describe, and every message sent was received."""
-    from helpers.protocol import RECVS_POSTED, SENDS_POSTED
+    from helpers._runtime.protocol import RECVS_POSTED, SENDS_POSTED
 
     group = cluster._group
     if group is None or group.board is None:
@@ -287,7 +287,7 @@ def run_ranks(
     try:
         return _ranks(worker, world_size, tuple(args), timeout=timeout, forbid=forbid, trace=trace, nnodes=nnodes,
                       init=init)
-    except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._wire.restrict)
+    except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._runtime.wire.restrict)
         raise GradingFailure(
             f"{part}: a rank {where} sent back an object that grading does not load ({err}). Return numbers, "
             "strings, lists, dicts or tensors."

@@ -18,7 +18,7 @@ not stopped: they keep their state. A rank that hangs is interrupted when it is 
 in Python code; a rank blocked inside a communication call cannot be, and the error says
 so: :meth:`Cluster.restart` then gives a fresh group in a second or two. Ranks deadlocked
 in point-to-point calls are found about a second after the deadlock forms, without
-waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers.deadlock`).
+waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers._runtime.deadlock`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from . import diagnose
-from ._factory import get_factory
-from ._group import RankGroup
-from ._report import Outcome, group_stopped_error, outcome_error
+from ._runtime import diagnose
+from ._runtime.factory import get_factory
+from ._runtime.group import RankGroup
+from ._runtime.report import Outcome, group_stopped_error, outcome_error
 from .backend import Choice, resolve_backend
 from .errors import Interrupted, LaunchError, signal_name
 from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world
 from .output import OutputRouter, OutputSpec
-from .protocol import Call, Death, Exec, Pull, Push, Request
+from ._runtime.protocol import Call, Death, Exec, Pull, Push, Request
 from .trace import Trace
 from .view import RankOutputView, choose_view
 

@@ -25,13 +25,13 @@ import signal
 import time
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from ._factory import get_factory
-from ._group import RankGroup
-from ._report import Outcome, group_stopped_error
+from ._runtime.factory import get_factory
+from ._runtime.group import RankGroup
+from ._runtime.report import Outcome, group_stopped_error
 from .backend import resolve_backend
 from .errors import Interrupted, LaunchError
 from .output import OutputRouter, OutputSpec
-from .protocol import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT, Call, Request
+from ._runtime.protocol import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT, Call, Request
 from .trace import Trace
 
 __all__ = ["launch", "LaunchResult", "Forbid", "validate_world", "serialize", "serialize_call", "forbid_reasons"]

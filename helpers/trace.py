@@ -32,7 +32,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from .protocol import TraceEvent
+from ._runtime.protocol import TraceEvent
 
 __all__ = ["Event", "Trace", "RING_PHASES"]
 

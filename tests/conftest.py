@@ -69,7 +69,7 @@ def descendants_of(pid: int) -> list[int]:
 
 
 def factory_pid() -> int:
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     return get_factory().pid
 
@@ -103,7 +103,7 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
 @pytest.fixture(scope="session")
 def factory():
     """This test process's rank factory, started and warm (torch imported)."""
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     return get_factory()
 
@@ -111,7 +111,7 @@ def factory():
 @pytest.fixture
 def no_leftover_ranks(factory):
     """After the test, no process may remain under the rank factory."""
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     yield
     fac = get_factory()  # the factory may have been restarted by the test

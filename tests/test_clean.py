@@ -121,7 +121,7 @@ def test_a_rank_cannot_run_code_in_the_grading_process(tmp_path):
     marker = tmp_path / "ran"
     code = f"""
 import os
-from helpers import _wire
+from helpers._runtime import wire as _wire
 from autograder import exercise
 from autograder.harness import GradingFailure
 _wire.restrict()

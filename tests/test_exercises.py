@@ -23,7 +23,7 @@ from autograder.harness import CheckError, GradingFailure, course_frame
 from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.reference import chunk_bounds, ring_allreduce
 from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
-from helpers.protocol import Frame
+from helpers._runtime.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))

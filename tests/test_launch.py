@@ -305,9 +305,9 @@ def test_ranks_stuck_joining_the_group_are_described_as_still_starting():
     """Are ranks that hang before their function runs (in the rendezvous) described as still starting?"""
     import dataclasses
 
-    from helpers._factory import get_factory
-    from helpers._group import RankGroup
-    from helpers._report import outcome_error
+    from helpers._runtime.factory import get_factory
+    from helpers._runtime.group import RankGroup
+    from helpers._runtime.report import outcome_error
 
     class WaitsForAThirdRank(RankGroup):  # two ranks told the group has three: nobody can join
         def _group_spec(self):
@@ -591,7 +591,7 @@ _OWNER_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading, time
     import helpers
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     def sleeper(rank, world_size):
         import time

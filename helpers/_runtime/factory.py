@@ -17,7 +17,7 @@ if the factory dies (``PR_SET_PDEATHSIG``).
 
 Example (kernel side)::
 
-    >>> from helpers._factory import get_factory
+    >>> from helpers._runtime.factory import get_factory
     >>> factory = get_factory()   # starts it if needed, waits until torch is imported
     >>> factory.info["torch"]     # what the factory found in a throwaway probe rank
     '2.13.0+cpu'
@@ -38,7 +38,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import _wire
+from . import wire as _wire
 from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
 
 __all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
@@ -140,7 +140,7 @@ class _Server:
         import torch.nn.parallel  # noqa: F401
         import torch.optim  # noqa: F401
 
-        from . import _rank  # noqa: F401
+        from . import rank as _rank  # noqa: F401
 
         if os.environ.get("HELPERS_WARM_UP") == "now":
             self._warm_up()
@@ -217,7 +217,7 @@ class _Server:
         return not isinstance(message, Stop)
 
     def _spawn(self, message: Spawn, fds: list[int]) -> None:
-        from . import _rank
+        from . import rank as _rank
 
         gid = message.gid
         pids = []
@@ -336,10 +336,10 @@ class Factory:
 
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = (
             "import sys; sys.path.insert(0, %r); "
-            "from helpers._factory import serve; serve(%d)" % (package_parent, child.fileno())
+            "from helpers._runtime.factory import serve; serve(%d)" % (package_parent, child.fileno())
         )
         env = dict(os.environ)
         env.pop("MPLBACKEND", None)

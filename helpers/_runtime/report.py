@@ -1,6 +1,6 @@
 """How a request to the ranks ended, and the one place that turns it into an exception.
 
-:class:`Outcome` is what :class:`helpers._group.RankGroup` returns for a request: the
+:class:`Outcome` is what :class:`helpers._runtime.group.RankGroup` returns for a request: the
 replies, the failures and the evidence that explains them. :func:`outcome_error` turns it
 into the notebook's exception, for launches and persistent ranks alike: the root cause's
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from . import diagnose
 from .deadlock import Deadlock
-from .errors import DeadlockError, LaunchError, LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
+from ..errors import DeadlockError, LaunchError, LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
 from .protocol import BoardRecord, Death, Failure, Result
 
 __all__ = [
@@ -42,7 +42,7 @@ class Outcome:
     board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
     stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
     main_threads: dict[int, int | None] = field(default_factory=dict)
-    # Set when waiting stopped because pending ranks were found deadlocked (helpers.deadlock),
+    # Set when waiting stopped because pending ranks were found deadlocked (helpers._runtime.deadlock),
     # rather than at the timeout.
     deadlock: Deadlock | None = None
 

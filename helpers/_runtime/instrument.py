@@ -6,7 +6,7 @@ per rank in memory the notebook can read at any moment), so that a hang can be
 explained even when the rank is stuck inside C++: which call, which peer. Point-to-point
 calls also count, per peer, the messages posted and seen complete (on the same board),
 so that the notebook can tell that blocked ranks will never be matched and report the
-deadlock at once (:mod:`helpers.deadlock`). With tracing on, each call is also recorded
+deadlock at once (:mod:`helpers._runtime.deadlock`). With tracing on, each call is also recorded
 as an event (op, peer, bytes, dtype, shape, times); the events go home with the
 request's reply.
 
@@ -15,7 +15,7 @@ all-reduce runs with ``all_reduce`` and its relatives raising
 :class:`~helpers.ForbiddenCallError`, also on the process group object, so only
 point-to-point calls can do the work.
 
-The board and the trace events are records of :mod:`helpers.protocol`.
+The board and the trace events are records of :mod:`helpers._runtime.protocol`.
 
 This module runs in the ranks only; the notebook side is :mod:`helpers.trace`. Inside a
 rank, :func:`current` is the rank's :class:`Instrument` (benchmarks switch its wrappers
@@ -23,7 +23,7 @@ off and on with :meth:`Instrument.uninstall` and :meth:`Instrument.install`).
 
 Example (inside a rank)::
 
-    >>> from helpers.instrument import current
+    >>> from helpers._runtime.instrument import current
     >>> inst = current()
     >>> inst.tracing = True          # record the next calls as TraceEvents
     >>> dist.barrier(); [e.op for e in inst.take_events()]
@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import ForbiddenCallError
+from ..errors import ForbiddenCallError
 from .protocol import (
     COLLECTIVES,
     COURSE_RING,
@@ -93,7 +93,7 @@ FORBIDDEN_ALIASES = {
 #: Public torch.distributed functions that move no data between ranks, so nothing wraps
 #: them: setting groups up and down, asking about them, and context managers. Every other
 #: public function of the installed torch.distributed must be in
-#: :data:`~helpers.protocol.POINT_TO_POINT` or :data:`~helpers.protocol.COLLECTIVES`
+#: :data:`~helpers._runtime.protocol.POINT_TO_POINT` or :data:`~helpers._runtime.protocol.COLLECTIVES`
 #: (tests/test_trace.py checks it, so a collective added by a new torch is not missed).
 NOT_COMMUNICATION = (
     "init_process_group",
@@ -251,7 +251,7 @@ class Instrument:
 
         Posted counts go up before the call starts (before the board says "call"), so a
         message in flight is always counted. What the counts cannot describe marks the
-        rank unsure instead (:data:`~helpers.protocol.FLAG_UNSURE`): a receive from any
+        rank unsure instead (:data:`~helpers._runtime.protocol.FLAG_UNSURE`): a receive from any
         source, the object calls (two messages each, one of them of unknown size), a
         tensor off the CPU (nccl's sends may finish before their receive is posted, which
         gloo's never do, and the rules rely on that), and a call while the rank runs
@@ -314,7 +314,7 @@ class Instrument:
         which is where a rank stuck at the end of backward is. A program's own Python hook
         (fp16 compression, for example) calls the wrapped functions itself. The
         constructor, which broadcasts rank 0's weights from C++, is noted on the board as
-        :data:`~helpers.protocol.DDP_CONSTRUCTOR` while it runs.
+        :data:`~helpers._runtime.protocol.DDP_CONSTRUCTOR` while it runs.
         """
         try:
             from torch.nn.parallel import DistributedDataParallel
@@ -438,7 +438,7 @@ class Instrument:
         """Switch off these calls (name -> the reason the learner reads).
 
         A collective's name also switches off its process-group methods and functional
-        version; :data:`~helpers.protocol.DDP` switches off DistributedDataParallel.
+        version; :data:`~helpers._runtime.protocol.DDP` switches off DistributedDataParallel.
         """
         self.refused = {**self.refused, **reasons}
         for name, reason in reasons.items():
@@ -462,7 +462,7 @@ class Instrument:
                     self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason), refusing=True)
 
     def _forbid_course_ring(self, reason: str) -> None:
-        from . import ring
+        from .. import ring
 
         for fname in ring.__all__:
             self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason), refusing=True)

@@ -24,11 +24,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from . import _wire
-from ._factory import Factory, FactoryError
-from ._report import Outcome, earliest, in_distributed_call
+from . import wire as _wire
+from .factory import Factory, FactoryError
+from .report import Outcome, earliest, in_distributed_call
 from .deadlock import DeadlockWatch
-from .output import OutputRouter
+from ..output import OutputRouter
 from .protocol import (
     FD_NAMES,
     Board,
@@ -47,7 +47,7 @@ from .protocol import (
 __all__ = ["RankGroup", "RankState", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
 
 #: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
-#: the rank factory's `python -c` module (see helpers._factory).
+#: the rank factory's `python -c` module (see helpers._runtime.factory).
 _DUMP_END = b'File "<string>", line'
 
 #: The process group's own timeout is the request timeout plus this: ours must fire
@@ -99,7 +99,7 @@ class RankGroup:
 
     ``timeout`` is the longest a request will be given; the process group's own timeout
     is set above it (:data:`PG_TIMEOUT_MARGIN`). ``forbid`` maps call names to the reason
-    shown when a rank calls one (see :meth:`helpers.instrument.Instrument.forbid`).
+    shown when a rank calls one (see :meth:`helpers._runtime.instrument.Instrument.forbid`).
     """
 
     def __init__(
@@ -370,7 +370,7 @@ class RankGroup:
         Returns when every rank answered, at the timeout, once a rank failed (at once
         with ``fail_fast``, else ``after_failure`` seconds later: time for the others to
         finish on their own), or about a second after ranks it waits for deadlocked in
-        point-to-point calls (``outcome.deadlock``; see :mod:`helpers.deadlock`). Never
+        point-to-point calls (``outcome.deadlock``; see :mod:`helpers._runtime.deadlock`). Never
         raises for rank problems: the outcome carries the evidence (root cause, its crash
         stack, the board, hung ranks' stacks) and the caller decides.
         """
@@ -389,7 +389,7 @@ class RankGroup:
             pending.add(r)
         started = time.monotonic()
         deadline = started + timeout
-        # The deadlock rules rely on gloo's point-to-point semantics (helpers.deadlock).
+        # The deadlock rules rely on gloo's point-to-point semantics (helpers._runtime.deadlock).
         watch = DeadlockWatch(self.board if "gloo" in self.backend else None, ranks, started,
                               exited=lambda r: self.ranks[r].state == "exited")
         failed_at = None
@@ -502,7 +502,7 @@ class RankGroup:
 
         The dumps usually arrive within milliseconds. ``wait`` is long because the signal
         goes through the rank factory, which is deaf for a second or two while it does its
-        one idle warm-up import (helpers._factory); a shorter wait then found no stack.
+        one idle warm-up import (helpers._runtime.factory); a shorter wait then found no stack.
         """
         ranks = [r for r in ranks if self.ranks[r].state != "exited"]
         if not ranks:

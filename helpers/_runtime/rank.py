@@ -25,7 +25,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from . import _wire
+from . import wire as _wire
 from .protocol import (
     FD_NAMES,
     Board,

@@ -115,7 +115,7 @@ def restrict() -> None:
     >>> class Evil:
     ...     def __reduce__(self):
     ...         return (os.system, ("echo ran",))
-    >>> code = "from helpers import _wire; _wire.restrict(); _wire.loads(sys.stdin.buffer.read())"
+    >>> code = "from helpers._runtime import wire as _wire; _wire.restrict(); _wire.loads(sys.stdin.buffer.read())"
     >>> done = subprocess.run([sys.executable, "-c", "import sys; " + code], input=pickle.dumps(Evil()),
     ...                       capture_output=True)
     >>> done.stdout, b"which this process does not load" in done.stderr

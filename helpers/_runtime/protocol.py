@@ -2,7 +2,7 @@
 
 Three processes talk: the notebook (the kernel), the rank factory that forks ranks, and
 the ranks. Everything they send each other is one of the classes below, pickled and
-framed by :mod:`helpers._wire` (ranks) or sent as one packet (factory):
+framed by :mod:`helpers._runtime.wire` (ranks) or sent as one packet (factory):
 
 - launch specs, notebook -> factory -> rank: :class:`GroupSpec` (the same for every
   rank of a group) and :class:`RankSpec` (one per rank);
@@ -13,13 +13,13 @@ framed by :mod:`helpers._wire` (ranks) or sent as one packet (factory):
   :class:`Death`, which the notebook makes from the factory's :class:`Exited` when a
   rank ends while something still waited for it;
 - :class:`RankException`: an exception raised in a rank, captured there
-  (:meth:`RankException.capture`); :mod:`helpers._report` turns it into the notebook's
+  (:meth:`RankException.capture`); :mod:`helpers._runtime.report` turns it into the notebook's
   error;
 - :class:`BoardRecord` and :class:`Board`: the few bytes per rank, in shared memory,
   where each rank notes what it is doing right now (so a hang can be explained even
   while a rank is blocked inside C++), and :class:`P2PCounts`, the point-to-point
   messages each rank posted and saw complete per peer, on the same board (so a deadlock
-  can be found as it forms, :mod:`helpers.deadlock`);
+  can be found as it forms, :mod:`helpers._runtime.deadlock`);
 - :class:`TraceEvent`: one traced torch.distributed call.
 
 The names of the torch.distributed calls the helpers watch are here too:
@@ -297,7 +297,7 @@ class Result:
     time: float = field(default_factory=time.time)
 
     def value(self) -> Any:
-        from ._wire import loads
+        from .wire import loads
 
         return loads(self.data) if self.data is not None else self.text
 
@@ -350,7 +350,7 @@ class RankException:
         if self.pickled is None:
             return None
         try:
-            from ._wire import loads
+            from .wire import loads
 
             return loads(self.pickled)
         except Exception:  # noqa: BLE001 - a class defined only on the rank
@@ -402,7 +402,7 @@ _SLOT = 64
 #: point-to-point call its message counts cannot describe (a receive from any source,
 #: send_object_list/recv_object_list, batch_isend_irecv, or a call from a thread other than
 #: the main one), so nobody can tell from the board that its peers' calls will never be
-#: matched, and deadlocks are left to the timeout (see :mod:`helpers.deadlock`).
+#: matched, and deadlocks are left to the timeout (see :mod:`helpers._runtime.deadlock`).
 FLAG_UNSURE = 1
 #: A slot flag for the call in progress: it has a timeout of its own (``work.wait(timeout)``),
 #: so it may return without any peer doing anything.
