@@ -209,7 +209,7 @@ def _as_fresh(rank: int, world_size: int) -> bool:
 
 def _clean_board(cluster: Cluster) -> bool:
     """Every rank idle, none made a call its message counts cannot describe, and every message sent was received."""
-    from helpers._runtime.protocol import RECVS_POSTED, SENDS_POSTED
+    from helpers._runtime.board import RECVS_POSTED, SENDS_POSTED
 
     group = cluster._group
     if group is None or group.board is None:

@@ -82,7 +82,7 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
 
     from helpers._runtime.instrument import Instrument
 
-    from helpers._runtime.protocol import Board
+    from helpers._runtime.board import Board
 
     board = Board.create(1)
     inst = Instrument(0, board, 1)

@@ -42,7 +42,7 @@ from .errors import (
 )
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
-from ._runtime.protocol import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
+from ._runtime.calls import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
 
 __all__ = [
     "launch",

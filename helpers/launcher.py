@@ -31,7 +31,8 @@ from ._runtime.report import Outcome, group_stopped_error
 from .backend import resolve_backend
 from .errors import Interrupted, LaunchError
 from .output import OutputRouter, OutputSpec
-from ._runtime.protocol import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT, Call, Request
+from ._runtime.calls import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
+from ._runtime.protocol import Call, Request
 from .trace import Trace
 
 __all__ = ["launch", "LaunchResult", "Forbid", "validate_world", "serialize", "serialize_call", "forbid_reasons"]

@@ -21,7 +21,7 @@ from conftest import rank_children
 from helpers import Cluster, DeadlockError, LaunchTimeoutError
 from helpers._runtime.deadlock import STABLE, DeadlockWatch, stuck_ranks
 from helpers._runtime.instrument import Instrument
-from helpers._runtime.protocol import (
+from helpers._runtime.board import (
     FLAG_TIMED,
     FLAG_UNSURE,
     RECVS_DONE,
@@ -144,13 +144,17 @@ def test_rules_unsure_ranks_and_timed_waits_switch_detection_off():
 
 
 def test_docstring_examples_run():
-    """Do the runnable examples in helpers._runtime.deadlock's and helpers._runtime.protocol's docstrings give what they show?"""
+    """Do the runnable examples in the docstrings of helpers._runtime's deadlock, protocol, board, calls and callargs give what they show?"""
     import doctest
 
+    import helpers._runtime.board
+    import helpers._runtime.callargs
+    import helpers._runtime.calls
     import helpers._runtime.deadlock
     import helpers._runtime.protocol
 
-    for module in (helpers._runtime.deadlock, helpers._runtime.protocol):
+    for module in (helpers._runtime.deadlock, helpers._runtime.protocol, helpers._runtime.board, helpers._runtime.calls,
+                   helpers._runtime.callargs):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
 

@@ -25,7 +25,8 @@ import re
 from typing import Any
 
 from ..errors import cell_label
-from .protocol import COLLECTIVES, DDP_CONSTRUCTOR, BoardRecord
+from .board import BoardRecord
+from .calls import COLLECTIVES, DDP_CONSTRUCTOR
 
 __all__ = [
     "parse_dump",

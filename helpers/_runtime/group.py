@@ -29,20 +29,8 @@ from .factory import Factory, FactoryError
 from .report import Outcome, earliest, in_distributed_call
 from .deadlock import DeadlockWatch
 from ..output import OutputRouter
-from .protocol import (
-    FD_NAMES,
-    Board,
-    BoardRecord,
-    Death,
-    Exited,
-    Failure,
-    GroupSpec,
-    RankSpec,
-    Ready,
-    Request,
-    Result,
-    Spawned,
-)
+from .board import Board, BoardRecord
+from .protocol import FD_NAMES, Death, Exited, Failure, GroupSpec, RankSpec, Ready, Request, Result, Spawned
 
 __all__ = ["RankGroup", "RankState", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
 

@@ -26,9 +26,9 @@ from datetime import timedelta
 from typing import Any
 
 from . import wire as _wire
+from .board import Board
 from .protocol import (
     FD_NAMES,
-    Board,
     Call,
     Exec,
     Failure,

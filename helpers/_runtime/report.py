@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from . import diagnose
 from .deadlock import Deadlock
 from ..errors import DeadlockError, LaunchError, LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
-from .protocol import BoardRecord, Death, Failure, Result
+from .board import BoardRecord
+from .protocol import Death, Failure, Result
 
 __all__ = [
     "Outcome",
