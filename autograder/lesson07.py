@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from helpers._runtime.group import free_port
+from helpers._runtime.spec import free_port
 
 from .kit import Attempt, Exercise, Part, plural
 

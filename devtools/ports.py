@@ -2,7 +2,7 @@
 
 Light on purpose: importing :mod:`helpers` starts its rank factory (about a second of CPU
 for ``import torch``), which a benchmark's baseline or a server test must not pay for. Code
-that runs ranks uses the helpers' own finder (``helpers._runtime.group.free_port``).
+that runs ranks uses the helpers' own finder (``helpers._runtime.spec.free_port``).
 
     >>> 0 < free_port() < 65536
     True
