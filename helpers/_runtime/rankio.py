@@ -181,7 +181,7 @@ class RankIO:
 
         The dumps usually arrive within milliseconds. ``wait`` is long because the signal
         goes through the rank factory, which is deaf for a second or two while it does its
-        one idle warm-up import (helpers._runtime.factory); a shorter wait then found no stack.
+        one idle warm-up import (helpers._runtime.factory_process); a shorter wait then found no stack.
         """
         ranks = [r for r in ranks if self.ranks[r].state != "exited"]
         if not ranks:
