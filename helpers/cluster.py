@@ -24,21 +24,20 @@ waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers._run
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from typing import Any, Callable, Sequence
 
-from ._runtime import diagnose
 from ._runtime.factory import get_factory
+from ._runtime.cells import cache_source
 from ._runtime.group import RankGroup
-from ._runtime.report import Outcome, group_stopped_error, outcome_error
+from ._runtime.protocol import Call, Exec, Pull, Push, Request
+from ._runtime.report import Outcome, group_stopped_error, kept_ranks_error
 from .backend import Choice, resolve_backend
 from .errors import Interrupted, LaunchError, signal_name
 from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world
 from .output import OutputRouter, OutputSpec
-from ._runtime.protocol import Call, Death, Exec, Pull, Push, Request
 from .trace import Trace
-from .view import RankOutputView, choose_view
+from .view import RankOutputView, ViewRouter, choose_view
 
 __all__ = ["Cluster", "ClusterError", "Results"]
 
@@ -252,7 +251,7 @@ class Cluster:
         if not isinstance(source, str):
             raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
         targets = self._targets(ranks)
-        outcome = self._request(Exec(0, source, filename or _cache_source(source), trace), targets, timeout)
+        outcome = self._request(Exec(0, source, filename or cache_source(source), trace), targets, timeout)
         return self._results(outcome, targets, trace, display=display)
 
     def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
@@ -313,7 +312,7 @@ class Cluster:
         view = self.view if self.view != "auto" else choose_view()
         if view == "widgets" and self.output == "live":
             self._view = RankOutputView(self.world_size, ranks)
-            router = _ViewRouter(self._view.write, max_lines=self.max_lines)
+            router = ViewRouter(self._view.write, max_lines=self.max_lines)
         else:
             router = OutputRouter(self.output, max_lines=self.max_lines)
         self._last_router = router
@@ -397,78 +396,5 @@ class Cluster:
         """
         deadlocked = list(outcome.deadlock.ranks) if outcome.deadlock is not None else []
         stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
-        ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
-        if outcome.cause is None:
-            if deadlocked:
-                blocked = sorted(deadlocked + stuck)
-                note = (f"{ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
-                        "communication calls, where an interrupt cannot reach them: run %dist_restart (or "
-                        "cluster.restart()) for a fresh group.")
-            else:
-                note = ("They were interrupted and keep their variables." if not stuck else
-                        f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
-                        "%dist_restart (or cluster.restart()) for a fresh group.")
-            what = "The cell" if isinstance(request, Exec) else "The call"
-            return outcome_error(outcome, self.world_size, timeout, what=what, note=note)
-        extra = []
-        if outcome.finished:
-            extra.append(f"{ranks(outcome.finished)} finished this request.")
-        if stuck:
-            board = {rec.rank: rec.phase for rec in outcome.board}
-            waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),
-                                        board.get(r)) for r in stuck]
-            extra.append("Still blocked: " + "; ".join(waits) + ".")
-            extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
-        elif isinstance(outcome.cause, Death):
-            extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
-        else:
-            extra.append("The other ranks keep their variables.")
-        return outcome_error(outcome, self.world_size, timeout, note=" ".join(extra))
-
-
-class _ViewRouter(OutputRouter):
-    """Rank output goes to the widget view; our own lines (the ranks started, each rank's
-    ``Out:`` value, a rank that did not stop) stay plain text under the cell. A plain
-    router with a callable sink would drop them."""
-
-    def note(self, text: str) -> None:
-        try:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def _cache_source(source: str) -> str:
-    """Register a cell's source so tracebacks can show its lines, as ``Cell In[N]`` with the
-    number the notebook shows for the cell that is running."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            return shell.compile.cache(source, _running_cell_number(shell))
-    except Exception:  # noqa: BLE001 - outside IPython
-        pass
-    import linecache
-
-    name = f"<distributed-{abs(hash(source)) & 0xFFFFFFFF:x}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
-    return name
-
-
-def _running_cell_number(shell: Any) -> int:
-    """The number of the notebook cell running now, as the notebook shows it.
-
-    That is the number IPython filed the running cell's code under; its
-    ``execution_count`` has already moved on to the next cell by the time a cell magic
-    runs (in current IPython versions), which made reports say ``Cell In[5]`` for cell [4].
-    """
-    numbers = shell.compile._filename_map
-    frame = sys._getframe(1)
-    while frame is not None:
-        number = numbers.get(frame.f_code.co_filename)
-        if number is not None:
-            return number
-        frame = frame.f_back
-    return shell.execution_count
+        what = "The cell" if isinstance(request, Exec) else "The call"
+        return kept_ranks_error(outcome, self.world_size, timeout, deadlocked=deadlocked, stuck=stuck, what=what)

@@ -144,17 +144,12 @@ def test_rules_unsure_ranks_and_timed_waits_switch_detection_off():
 
 
 def test_docstring_examples_run():
-    """Do the runnable examples in the docstrings of helpers._runtime's deadlock, protocol, board, calls and callargs give what they show?"""
+    """Do the runnable examples in the docstrings of helpers._runtime's pure modules give what they show?"""
     import doctest
+    import importlib
 
-    import helpers._runtime.board
-    import helpers._runtime.callargs
-    import helpers._runtime.calls
-    import helpers._runtime.deadlock
-    import helpers._runtime.protocol
-
-    for module in (helpers._runtime.deadlock, helpers._runtime.protocol, helpers._runtime.board, helpers._runtime.calls,
-                   helpers._runtime.callargs):
+    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells"):
+        module = importlib.import_module(f"helpers._runtime.{name}")
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
 

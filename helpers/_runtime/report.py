@@ -5,7 +5,8 @@ replies, the failures and the evidence that explains them. :func:`outcome_error`
 into the notebook's exception, for launches and persistent ranks alike: the root cause's
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
 died) when a rank failed, else the hang report (a :class:`~helpers.DeadlockError` when the
-ranks were found deadlocked before the timeout).
+ranks were found deadlocked before the timeout). :func:`kept_ranks_error` adds, for
+persistent ranks, what state the group is left in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "failure_error",
     "death_error",
     "group_stopped_error",
+    "kept_ranks_error",
     "hang_report",
     "earliest",
     "in_distributed_call",
@@ -219,3 +221,38 @@ def hang_report(
     return LaunchTimeoutError(
         "\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished, notes=notes
     )
+
+
+def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadlocked: list[int], stuck: list[int],
+                     what: str = "The call") -> LaunchError:
+    """The error for a request on persistent ranks (:class:`helpers.Cluster`), saying what
+    state the group is left in: ``deadlocked`` ranks were not tried (an interrupt cannot
+    reach them inside gloo), ``stuck`` ones did not stop when interrupted, the others were
+    interrupted and keep their variables.
+    """
+    ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
+    if outcome.cause is None:
+        if deadlocked:
+            blocked = sorted(deadlocked + stuck)
+            note = (f"{ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
+                    "communication calls, where an interrupt cannot reach them: run %dist_restart (or "
+                    "cluster.restart()) for a fresh group.")
+        else:
+            note = ("They were interrupted and keep their variables." if not stuck else
+                    f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
+                    "%dist_restart (or cluster.restart()) for a fresh group.")
+        return outcome_error(outcome, world_size, timeout, what=what, note=note)
+    extra = []
+    if outcome.finished:
+        extra.append(f"{ranks(outcome.finished)} finished this request.")
+    if stuck:
+        board = {rec.rank: rec.phase for rec in outcome.board}
+        waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),
+                                    board.get(r)) for r in stuck]
+        extra.append("Still blocked: " + "; ".join(waits) + ".")
+        extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
+    elif isinstance(outcome.cause, Death):
+        extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
+    else:
+        extra.append("The other ranks keep their variables.")
+    return outcome_error(outcome, world_size, timeout, what=what, note=" ".join(extra))

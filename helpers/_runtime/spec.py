@@ -17,9 +17,10 @@ import socket
 import sys
 import tempfile
 
+from .cells import kernel_sources
 from .protocol import GroupSpec
 
-__all__ = ["group_spec", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
+__all__ = ["group_spec", "free_port", "PG_TIMEOUT_MARGIN"]
 
 #: The process group's own timeout is the request timeout plus this: ours must fire
 #: first, so that a hang is diagnosed rather than ended by a gloo error.
@@ -30,20 +31,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def kernel_sources(limit: int = 4 << 20) -> dict[str, list[str]]:
-    """Source lines of code typed in notebook cells, so ranks can show them in tracebacks."""
-    import linecache
-
-    out, size = {}, 0
-    for filename, entry in list(linecache.cache.items()):
-        if len(entry) == 4 and entry[1] is None and isinstance(entry[2], list):
-            size += entry[0] or 0
-            if size > limit:
-                break
-            out[filename] = entry[2]
-    return out
 
 
 def group_spec(world: int, nnodes: int, backend: str, *, init: bool, pg_timeout: float, extra_env: dict[str, str],
