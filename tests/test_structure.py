@@ -147,6 +147,25 @@ def test_packages_import_downward_only():
     assert not wrong, "imports against the packages' order (helpers <- autograder <- devtools):\n" + "\n".join(wrong)
 
 
+#: What the rank machinery (helpers/_runtime/) may take from the public folder above it: the
+#: exceptions it raises, the output router it feeds, and the course's ring (only to switch it
+#: off when an exercise forbids it). Anything else would tie the machinery to what learners call.
+RUNTIME_MAY_USE = {"helpers.errors", "helpers.output", "helpers.ring"}
+
+
+def test_the_runtime_does_not_import_what_learners_call():
+    """Does helpers/_runtime/ import, from helpers/, only errors, output and ring?"""
+    graph = import_graph()
+    modules = _modules()
+    wrong = [
+        f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
+        for a, targets in sorted(graph.items()) if a.startswith("helpers._runtime")
+        for b, line in sorted(targets.items())
+        if b.startswith("helpers") and not b.startswith("helpers._runtime") and b not in RUNTIME_MAY_USE
+    ]
+    assert not wrong, "helpers/_runtime/ reaches up into the public helpers:\n" + "\n".join(wrong)
+
+
 def test_reader_sees_lazy_relative_and_type_checking_imports(tmp_path: Path):
     """Does the reader count imports inside functions, under TYPE_CHECKING, and relative ones?"""
     a = tmp_path / "a.py"
