@@ -34,7 +34,8 @@ from ._runtime.protocol import Call, Exec, Pull, Push, Request
 from ._runtime.report import Outcome, group_stopped_error, kept_ranks_error
 from .backend import Choice, resolve_backend
 from .errors import Interrupted, LaunchError, signal_name
-from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world
+from .launcher import serialize, serialize_call, trace_of
+from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
 from .output import OutputRouter, OutputSpec
 from .trace import Trace
 from .view import RankOutputView, ViewRouter, choose_view
@@ -78,26 +79,27 @@ class Cluster:
         forbid: Forbid = (),
         after_failure: float = _AFTER_FAILURE,
     ) -> None:
-        timeout = default_timeout() if timeout is None else timeout
-        validate_world(world_size, nnodes, timeout)
-        self.forbid = forbid_reasons(forbid)
+        self.settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, output=output,
+                                       max_lines=max_lines, forbid=forbid)
         if isinstance(after_failure, bool) or not isinstance(after_failure, (int, float)) or after_failure < 0:
             raise ValueError(f"after_failure must be seconds, 0 or more; got {after_failure!r}.")
         self.after_failure = float(after_failure)
         if view not in ("auto", "widgets", "text"):
             raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
-        OutputRouter(output)  # validates the output argument now
-        self.world_size = world_size
-        self.backend = backend
-        self.nnodes = nnodes
-        self.timeout = float(timeout)
-        self.output = output
-        self.max_lines = max_lines
         self.view = view
         self.choice: Choice | None = None
         self._group: RankGroup | None = None
         if start:
             self.start()
+
+    # The settings the ranks were started with (see helpers.settings.LaunchSettings).
+    world_size = property(lambda self: self.settings.world_size)
+    backend = property(lambda self: self.settings.backend)
+    nnodes = property(lambda self: self.settings.nnodes)
+    timeout = property(lambda self: self.settings.timeout)
+    output = property(lambda self: self.settings.output)
+    max_lines = property(lambda self: self.settings.max_lines)
+    forbid = property(lambda self: self.settings.forbid)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -111,16 +113,8 @@ class Cluster:
         factory = get_factory()
         self.choice = resolve_backend(self.backend, self.world_size, factory.info)
         router = self._router()
-        group = RankGroup(
-            factory,
-            self.world_size,
-            backend=self.choice.init_backend,
-            timeout=self.timeout,
-            nnodes=self.nnodes,
-            router=router,
-            devices=list(self.choice.devices) if self.choice.devices else None,
-            forbid=self.forbid,
-        )
+        group = RankGroup(factory, self.settings, init_backend=self.choice.init_backend, router=router,
+                          devices=list(self.choice.devices) if self.choice.devices else None)
         self._group = group
         started = time.perf_counter()
         try:

@@ -33,7 +33,7 @@ def _timeout(timeout: float | None) -> float:
     """180 s for a sweep, or launch's grading default (10 s) while nbgrader grades."""
     import os
 
-    from .launcher import default_timeout
+    from .settings import default_timeout
 
     if timeout is not None:
         return timeout

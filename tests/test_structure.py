@@ -148,13 +148,13 @@ def test_packages_import_downward_only():
 
 
 #: What the rank machinery (helpers/_runtime/) may take from the public folder above it: the
-#: exceptions it raises, the output router it feeds, and the course's ring (only to switch it
-#: off when an exercise forbids it). Anything else would tie the machinery to what learners call.
-RUNTIME_MAY_USE = {"helpers.errors", "helpers.output", "helpers.ring"}
+#: exceptions it raises, the output router it feeds, the launch settings it is given, and the
+#: course's ring (only to switch it off when an exercise forbids it). Anything else would tie the machinery to what learners call.
+RUNTIME_MAY_USE = {"helpers.errors", "helpers.output", "helpers.ring", "helpers.settings"}
 
 
 def test_the_runtime_does_not_import_what_learners_call():
-    """Does helpers/_runtime/ import, from helpers/, only errors, output and ring?"""
+    """Does helpers/_runtime/ import, from helpers/, only errors, output, settings and ring?"""
     graph = import_graph()
     modules = _modules()
     wrong = [

@@ -25,6 +25,7 @@ import signal
 import time
 
 from ..output import OutputRouter
+from ..settings import LaunchSettings
 from .board import Board, BoardRecord
 from .deadlock import DeadlockWatch
 from .factory import Factory, FactoryError
@@ -41,37 +42,37 @@ _ECHO_GRACE = 0.5
 
 
 class RankGroup(RankIO):
-    """``world_size`` ranks forked by the factory, with their pipes open to this process.
+    """``settings.world_size`` ranks forked by the factory, with their pipes open to this process.
 
-    ``timeout`` is the longest a request will be given; the process group's own timeout
-    is set above it (:data:`~helpers._runtime.spec.PG_TIMEOUT_MARGIN`). ``forbid`` maps call names to the reason
-    shown when a rank calls one (see :meth:`helpers._runtime.instrument.Instrument.forbid`).
+    ``settings`` (:class:`~helpers.settings.LaunchSettings`) says how many ranks, on how
+    many simulated hosts, with or without a process group, and which calls are switched off
+    (see :meth:`helpers._runtime.instrument.Instrument.forbid`); ``settings.timeout`` is the
+    longest a request will be given, and the process group's own timeout is set above it
+    (:data:`~helpers._runtime.spec.PG_TIMEOUT_MARGIN`). ``init_backend`` is the backend the
+    process group is made with (``settings.backend`` resolved, :func:`helpers.backend.resolve_backend`).
     """
 
     def __init__(
         self,
         factory: Factory,
-        world_size: int,
+        settings: LaunchSettings,
         *,
-        backend: str,
-        timeout: float,
-        nnodes: int = 1,
-        init: bool = True,
+        init_backend: str,
         router: OutputRouter | None = None,
         devices: list[int] | None = None,
         extra_env: dict[str, str] | None = None,
-        forbid: dict[str, str] | None = None,
     ) -> None:
         self.factory = factory
-        self.world_size = world_size
-        self.backend = backend
-        self.nnodes = nnodes
-        self.init = init
-        self.pg_timeout = timeout + PG_TIMEOUT_MARGIN
+        self.settings = settings
+        self.world_size = world_size = settings.world_size
+        self.backend = init_backend
+        self.nnodes = settings.nnodes
+        self.init = settings.init
+        self.pg_timeout = settings.timeout + PG_TIMEOUT_MARGIN
         self.router = router or OutputRouter()
         self.devices = devices
         self.extra_env = extra_env or {}
-        self.forbid = dict(forbid or {})
+        self.forbid = dict(settings.forbid)
         self.board: Board | None = None
         self.store_dir: str | None = None
         self.ranks = [RankState(r) for r in range(world_size)]
