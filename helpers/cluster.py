@@ -31,9 +31,9 @@ from ._runtime.factory import get_factory
 from ._runtime.cells import cache_source
 from ._runtime.group import RankGroup
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
-from ._runtime.report import Outcome, group_stopped_error, kept_ranks_error
+from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
 from .backend import Choice, resolve_backend
-from .errors import Interrupted, LaunchError, signal_name
+from .errors import LaunchError, signal_name
 from .launcher import serialize, serialize_call, trace_of
 from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
 from .output import OutputRouter, OutputSpec
@@ -350,9 +350,7 @@ class Cluster:
         except KeyboardInterrupt:
             busy = [r for r in targets if group.ranks[r].state == "busy"]
             stuck = self._interrupt(busy)
-            where = f"rank{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}" if busy else "no busy rank"
-            still = f"; still blocked: {', '.join(map(str, stuck))} (run %dist_restart)" if stuck else ""
-            raise Interrupted(f"the cell was interrupted on {where}{still}.") from None
+            raise interrupted_cell(busy, stuck) from None
         finally:
             group.router.flush()
         if not outcome.ok:

@@ -26,9 +26,9 @@ from typing import Any, Callable, Sequence
 
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
-from ._runtime.report import Outcome, group_stopped_error
+from ._runtime.report import Outcome, group_stopped_error, interrupted_launch, stopped_ranks
 from .backend import resolve_backend
-from .errors import Interrupted, LaunchError
+from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
 from ._runtime.protocol import Call, Request
 from .settings import Forbid, LaunchSettings
@@ -251,10 +251,9 @@ def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
         live = group.live
         group.stop(_INTERRUPT_STEPS)
         group.close()
-        stopped = f"stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}" if live else "no rank was running"
         if live:
-            group.router.note(f"Interrupted: {stopped}.")
-        raise Interrupted(f"the launch was interrupted; {stopped}.") from None
+            group.router.note(f"Interrupted: {stopped_ranks(live)}.")
+        raise interrupted_launch(live) from None
     except BaseException:
         group.stop()
         group.close()

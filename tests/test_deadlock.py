@@ -148,7 +148,7 @@ def test_docstring_examples_run():
     import doctest
     import importlib
 
-    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells"):
+    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report"):
         module = importlib.import_module(f"helpers._runtime.{name}")
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)

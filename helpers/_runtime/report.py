@@ -6,7 +6,8 @@ into the notebook's exception, for launches and persistent ranks alike: the root
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
 died) when a rank failed, else the hang report (a :class:`~helpers.DeadlockError` when the
 ranks were found deadlocked before the timeout). :func:`kept_ranks_error` adds, for
-persistent ranks, what state the group is left in.
+persistent ranks, what state the group is left in, and :func:`interrupted_launch` and
+:func:`interrupted_cell` word what the stop button ended.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from dataclasses import dataclass, field
 
 from . import diagnose
 from .deadlock import Deadlock
-from ..errors import DeadlockError, LaunchError, LaunchTimeoutError, RankFailedError, relabel_traceback, signal_name
+from ..errors import (
+    DeadlockError,
+    Interrupted,
+    LaunchError,
+    LaunchTimeoutError,
+    RankFailedError,
+    relabel_traceback,
+    signal_name,
+)
 from .board import BoardRecord
 from .protocol import Death, Failure, Result
 
@@ -27,6 +36,9 @@ __all__ = [
     "death_error",
     "group_stopped_error",
     "kept_ranks_error",
+    "interrupted_launch",
+    "interrupted_cell",
+    "stopped_ranks",
     "hang_report",
     "earliest",
     "in_distributed_call",
@@ -256,3 +268,25 @@ def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadl
     else:
         extra.append("The other ranks keep their variables.")
     return outcome_error(outcome, world_size, timeout, what=what, note=" ".join(extra))
+
+
+def stopped_ranks(ranks: list[int]) -> str:
+    """How a stopped launch's ranks are named: ``stopped ranks 0, 1``, or that none was running.
+
+    >>> stopped_ranks([0, 1]), stopped_ranks([])
+    ('stopped ranks 0, 1', 'no rank was running')
+    """
+    return f"stopped rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "no rank was running"
+
+
+def interrupted_launch(stopped: list[int]) -> Interrupted:
+    """The error for a launch the stop button ended; ``stopped``: the ranks still running then."""
+    return Interrupted(f"the launch was interrupted; {stopped_ranks(stopped)}.")
+
+
+def interrupted_cell(busy: list[int], stuck: list[int]) -> Interrupted:
+    """The error for a request on persistent ranks the stop button ended: ``busy`` ranks were
+    interrupted, ``stuck`` ones did not stop (blocked in a communication call)."""
+    where = f"rank{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}" if busy else "no busy rank"
+    still = f"; still blocked: {', '.join(map(str, stuck))} (run %dist_restart)" if stuck else ""
+    return Interrupted(f"the cell was interrupted on {where}{still}.")
