@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable
 
 from . import wire as _wire
-from .factory_process import MAX_PACKET, send_message
+from .wire import MAX_PACKET, send_message
 from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
 
 __all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]

@@ -19,24 +19,13 @@ import traceback
 from typing import Any
 
 from .protocol import Exited, Fatal, Hello, Signal, Spawn, Spawned, Stop
+from .wire import MAX_FDS, MAX_PACKET, send_message
 
-__all__ = ["serve", "send_message", "MAX_PACKET", "MAX_FDS"]
+__all__ = ["serve"]
 
-MAX_PACKET = 1 << 20
 # What the factory imports once it has been idle this long after starting (see _warm_up).
 _WARM_UP_WHEN_IDLE_MS = 300
 _WARM_UP_MODULES = ("torch._dynamo",)
-MAX_FDS = 250
-
-
-def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(data) > MAX_PACKET:
-        raise ValueError(f"factory message of {len(data)} bytes is over {MAX_PACKET}")
-    if fds:
-        socket.send_fds(sock, [data], list(fds))
-    else:
-        sock.sendall(data)
 
 
 def _probe() -> dict:
