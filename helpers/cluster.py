@@ -27,16 +27,16 @@ import signal
 import time
 from typing import Any, Callable, Sequence
 
-from ._runtime.factory import get_factory
 from ._runtime.cells import cache_source
+from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
 from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
 from .backend import Choice, resolve_backend
 from .errors import LaunchError, signal_name
 from .launcher import serialize, serialize_call, trace_of
-from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
 from .output import OutputRouter, OutputSpec
+from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
 from .trace import Trace
 from .view import RankOutputView, ViewRouter, choose_view
 

@@ -26,11 +26,11 @@ from typing import Any, Callable, Sequence
 
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
+from ._runtime.protocol import Call, Request
 from ._runtime.report import Outcome, group_stopped_error, interrupted_launch, stopped_ranks
 from .backend import resolve_backend
 from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
-from ._runtime.protocol import Call, Request
 from .settings import Forbid, LaunchSettings
 from .trace import Trace
 

@@ -38,8 +38,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import ForbiddenCallError
-from .board import FLAG_UNSURE, RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board
 from . import callargs
+from .board import FLAG_UNSURE, RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board
 from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT
 from .ddp_watch import watch_ddp
 from .protocol import TraceEvent
