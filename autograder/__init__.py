@@ -8,7 +8,7 @@
   answer (:class:`~autograder.harness.GradingFailure`) from a broken check
   (:class:`~autograder.harness.CheckError`).
 - :mod:`autograder.preprocessors` adds what nbgrader lacks (stubs that name their exercise,
-  deleted cells put back); :mod:`autograder.scratch` makes throw-away course copies.
+  deleted cells put back).
 - ``python -m autograder`` (see :mod:`autograder.__main__`) runs the instructor workflow:
   :mod:`autograder.grade` grades a class, each submission in the bubblewrap sandbox of
   :mod:`autograder.sandbox` and re-graded from its definitions alone by

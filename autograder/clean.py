@@ -16,7 +16,7 @@ instead, in a fresh process (inside the grading sandbox, see :mod:`autograder.sa
 2. :func:`grade_lesson` defines those in a fresh ``__main__`` namespace and runs each
    graded part's check, exactly as the hidden test cell would. The learner's functions
    run only on the fresh ranks the checks start, never in this process: what the ranks
-   send back is loaded as data only (``helpers._wire.restrict``), and the process cannot
+   send back is loaded as data only (``helpers._runtime.wire.restrict``), and the process cannot
    be traced or have its memory read by them (it is not dumpable).
 
 ``python -m autograder.clean NOTEBOOK LESSON`` prints one JSON line per graded part::
@@ -307,7 +307,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m autograder.clean NOTEBOOK LESSON_NUMBER", file=sys.stderr)
         return 2
     _not_traceable()
-    from helpers import _wire
+    from helpers._runtime import wire as _wire
 
     _wire.restrict()  # what the learner's ranks send back is loaded as data only
     # Nothing on sys.path may be a folder the learner's code can write to.

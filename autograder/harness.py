@@ -37,8 +37,10 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import helpers
-from helpers import Cluster, ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError, launch
-from helpers.protocol import Frame
+from helpers import Cluster, ForbiddenCallError, LaunchResult, LaunchTimeoutError, RankFailedError
+from helpers.launcher import run_settings
+from helpers.settings import LaunchSettings
+from helpers._runtime.protocol import Frame
 
 __all__ = [
     "GradingFailure",
@@ -209,7 +211,7 @@ def _as_fresh(rank: int, world_size: int) -> bool:
 
 def _clean_board(cluster: Cluster) -> bool:
     """Every rank idle, none made a call its message counts cannot describe, and every message sent was received."""
-    from helpers.protocol import RECVS_POSTED, SENDS_POSTED
+    from helpers._runtime.board import RECVS_POSTED, SENDS_POSTED
 
     group = cluster._group
     if group is None or group.board is None:
@@ -220,23 +222,22 @@ def _clean_board(cluster: Cluster) -> bool:
     return all(counts.get(r, p, SENDS_POSTED) == counts.get(p, r, RECVS_POSTED) for r in range(n) for p in range(n))
 
 
-def _ranks(worker: Callable, world_size: int, args: tuple, *, timeout: float, forbid: dict[str, str], trace: bool,
-           nnodes: int, init: bool) -> LaunchResult:
+def _ranks(worker: Callable, args: tuple, settings: LaunchSettings) -> LaunchResult:
     """One run of ``worker`` on gloo ranks: fresh ones (:func:`helpers.launch`), or a kept group (:func:`reuse_ranks`)."""
     began = time.monotonic()
     try:
-        if _POOL is None or not init:
+        if _POOL is None or not settings.init:
             _STATS["started"] += 1
-            return launch(worker, world_size, args, timeout=timeout, output="quiet", forbid=forbid, trace=trace,
-                          backend="gloo", nnodes=nnodes, init=init)
-        key = (world_size, nnodes)
+            return run_settings(worker, args, None, settings)
+        key = (settings.world_size, settings.nnodes)
         cluster = _POOL.pop(key, None)
         if cluster is None:
             _STATS["started"] += 1
-            cluster = Cluster(world_size, backend="gloo", nnodes=nnodes, timeout=max(timeout, 30.0), output="quiet",
-                              view="text", after_failure=0.0, start=False).start(announce=False)
+            cluster = Cluster(settings.world_size, backend=settings.backend, nnodes=settings.nnodes,
+                              timeout=max(settings.timeout, 30.0), output=settings.output, view="text",
+                              after_failure=0.0, start=False).start(announce=False)
         try:
-            values = cluster.run(worker, *args, timeout=timeout, trace=trace, forbid=forbid)
+            values = cluster.run(worker, *args, timeout=settings.timeout, trace=settings.trace, forbid=settings.forbid)
             usable = _clean_board(cluster) and all(cluster.run(_as_fresh, timeout=5.0))
         except BaseException:
             cluster.shutdown()
@@ -285,9 +286,10 @@ def run_ranks(
     where = f"on {world_size} rank{'s' if world_size != 1 else ''}{hosts}" + (f", {context}" if context else "")
     forbid = dict(forbid or {})
     try:
-        return _ranks(worker, world_size, tuple(args), timeout=timeout, forbid=forbid, trace=trace, nnodes=nnodes,
-                      init=init)
-    except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._wire.restrict)
+        settings = LaunchSettings(world_size, backend="gloo", nnodes=nnodes, timeout=timeout, init=init, output="quiet",
+                                  trace=trace, forbid=forbid)
+        return _ranks(worker, tuple(args), settings)
+    except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._runtime.wire.restrict)
         raise GradingFailure(
             f"{part}: a rank {where} sent back an object that grading does not load ({err}). Return numbers, "
             "strings, lists, dicts or tensors."

@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import sys
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -303,10 +304,10 @@ def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the c
 
 def _lesson_modules() -> dict[int, str]:
     """Lesson number -> module name, for every ``autograder/lessonNN.py``."""
-    from . import __path__ as package_path
-
+    # The package's search path, read where Python keeps it (no import of the package from
+    # inside it: a folder added to autograder.__path__ is searched too).
     found = {}
-    for info in pkgutil.iter_modules(package_path):
+    for info in pkgutil.iter_modules(sys.modules[__package__].__path__):
         match = _LESSON_MODULE.match(info.name)
         if match:
             found[int(match[1])] = f"{__package__}.{info.name}"

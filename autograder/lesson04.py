@@ -50,7 +50,7 @@ from helpers import COURSE_RING, DATA_COLLECTIVES
 from .kit import (Attempt, Exercise, Part, by_world_size, first_difference, fresh_seed, plural, seeded_tensor,
                   silent_ranks)
 
-__all__ = ["EXERCISES", "exercise_4_1", "exercise_4_2", "exercise_4_3", "exercise_4_4", "CASES", "PHASES"]
+__all__ = ["EXERCISES", "exercise_4_1", "exercise_4_2", "exercise_4_3", "exercise_4_4", "CASES", "PHASES", "chunk_bounds"]
 
 PHASES = ("reduce-scatter", "all-gather")
 # Seconds one launch may take before it counts as a hang. A correct ring finishes each in
@@ -99,8 +99,14 @@ SCHEDULE_WORLDS = tuple(range(2, 9))
 SCHEDULE_SELF_CHECK_WORLDS = (2, 3, 4)
 
 
-def _chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
-    """The same chunks as the notebook's ``chunk_bounds``: ceil(n/p) each, the last ones short or empty."""
+def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
+    """Split ``numel`` elements into ``world_size`` contiguous chunks of ceil(n/p) (the last ones may be short or empty).
+
+    The notebook gives learners the same function: it is the exercise's statement, not its answer.
+
+    >>> chunk_bounds(10, 4)
+    [(0, 3), (3, 6), (6, 9), (9, 10)]
+    """
     size = -(-numel // world_size)
     return [(min(i * size, numel), min((i + 1) * size, numel)) for i in range(world_size)]
 
@@ -254,7 +260,7 @@ def _reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list
             out.append(row)
             continue
         flat, want = tensor.reshape(-1), expected.reshape(-1)
-        bounds = _chunk_bounds(flat.numel(), world_size)
+        bounds = chunk_bounds(flat.numel(), world_size)
         a, b = bounds[rank]
         diff = first_difference(flat[a:b], want[a:b], tolerance=_tolerance(dtype_name))
         if diff:
@@ -276,7 +282,7 @@ def _all_gather_worker(rank: int, world_size: int, fn: Callable, cases: list, se
     out = []
     for i, (shape, dtype_name) in enumerate(cases):
         n = math.prod(shape)
-        bounds = _chunk_bounds(n, world_size)
+        bounds = chunk_bounds(n, world_size)
         expected = torch.empty(n, dtype=getattr(torch, dtype_name))
         for c, (a, b) in enumerate(bounds):  # chunk c: rank c's values, which only rank c is given
             expected[a:b] = seeded_tensor(shape, dtype_name, seed + i, c, int_range=INTS).reshape(-1)[a:b]

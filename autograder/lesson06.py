@@ -15,7 +15,7 @@ The learner wraps a model so that data parallelism happens during backward:
 How the checks judge: everything runs in fresh rank processes, against one process on the
 whole batch computed there too. The all-reduces are counted, and timed against the
 moment backward produces its last gradient, by the rank's instrument
-(:mod:`helpers.instrument`), which sees every ``torch.distributed`` call made in Python.
+(:mod:`helpers._runtime.instrument`), which sees every ``torch.distributed`` call made in Python.
 torch's own DistributedDataParallel is switched off.
 
 Hidden test cells and the visible self-check::
@@ -174,7 +174,7 @@ def _step_worker(rank: int, world_size: int, cls: Callable, seed: int, kind: str
     import torch
     import torch.nn.functional as F
 
-    from helpers.instrument import current
+    from helpers._runtime.instrument import current
 
     inst = current()
     lr = 0.1

@@ -40,12 +40,13 @@ import atexit
 import json
 import re
 import shutil
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from helpers._runtime.spec import free_port
 
 from .kit import Attempt, Exercise, Part, plural
 
@@ -267,12 +268,6 @@ def _remove_folders() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEOUT) -> Run:
     """Run ``fn`` as ``main()`` of a script under ``nnodes`` torchrun agents of ``nproc`` processes."""
     import time
@@ -284,7 +279,7 @@ def run_script(fn: Callable, nnodes: int, nproc: int, timeout: float = RUN_TIMEO
     export_script(fn, folder / "train.py", setup=False, replace=COURSE)
     (folder / "graded_run.py").write_text(WRAPPER)
     (folder / "graded_agent.py").write_text(AGENT)
-    port = _free_port()
+    port = free_port()
     env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(timeout - 10), "PYTHONPATH": "",
            "OMP_NUM_THREADS": "1"}
     jobs = []

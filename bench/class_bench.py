@@ -2,7 +2,7 @@
 
 Run: ``make bench-class`` or ``.venv/bin/python bench/class_bench.py [--learners 30] [--jobs 1,2] [--json PATH]``
 
-A throw-away copy of the course (autograder.scratch) receives ``--learners`` submissions
+A throw-away copy of the course (devtools.scratch) receives ``--learners`` submissions
 of lesson 04 (the ring all-reduce lesson), in equal shares of five kinds, all with the
 instructor's answers to Exercises 4.1-4.3 and a different answer to Exercise 4.4:
 
@@ -11,7 +11,7 @@ instructor's answers to Exercises 4.1-4.3 and a different answer to Exercise 4.4
 - ``deadlock``: every rank receives first;
 - ``crash``: the last rank indexes past its chunks;
 - ``cheat``: ``dist.all_reduce`` followed by lines that replace the course's grading
-  functions in the learner's own kernel (``autograder.scratch.GRADER_PATCH``).
+  functions in the learner's own kernel (``devtools.scratch.GRADER_PATCH``).
 
 The class is graded with ``python -m autograder grade --jobs N``, the instructor's command
 (sandboxed, with the clean re-grade), once for every N in ``--jobs``, each time in a fresh
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from _common import machine_line  # noqa: E402
 from grading_bench import _solution_answers  # noqa: E402
 
-from autograder.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, submission  # noqa: E402
+from devtools.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instructor_command, submission  # noqa: E402
 
 LESSON = "04-ring-all-reduce"
 KINDS = ("correct", "whole_tensor", "deadlock", "crash", "cheat")

@@ -3,7 +3,7 @@
 Run: ``make bench-grading`` or ``.venv/bin/python bench/grading_bench.py [--kinds solution,stubs,deadlock,crash]
 [--lessons 04-ring-all-reduce,...] [--repeats N] [--json PATH]``
 
-For every lesson, in a throw-away copy of the course (autograder.scratch), this grades
+For every lesson, in a throw-away copy of the course (devtools.scratch), this grades
 one learner's notebook per kind (``--repeats`` of each) with ``python -m autograder grade
 --jobs 1``, the instructor's command, and reads back from the run's record
 (``autograder/grading-run.json`` in that copy) the seconds each submission took in all and
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from _common import machine_line  # noqa: E402
 
 from autograder.course import lessons  # noqa: E402
-from autograder.scratch import RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission  # noqa: E402
+from devtools.scratch import RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0
 WRONG_RINGS = {"deadlock": RING_ANSWERS["receive_first"], "crash": RING_ANSWERS["crash"]}

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -138,12 +137,6 @@ def spawn_entry(rank: int, world_size: int) -> None:
 # --------------------------------------------------------------------------------------
 # Helpers.
 # --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -301,6 +294,10 @@ def measure_warm(repeats: int) -> tuple[dict, dict]:
 
 def measure_spawn(n: int, repeats: int) -> dict:
     import torch.multiprocessing as mp
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from devtools.ports import free_port
 
     samples = []
     for i in range(repeats):

@@ -47,7 +47,7 @@ def _time_modes(rank, world_size, nbytes, repeats, seed):
     import torch.distributed as dist
     from reference import ring_allreduce
 
-    from helpers.instrument import current
+    from helpers._runtime.instrument import current
 
     inst = current()
     order = random.Random(seed)
@@ -80,9 +80,9 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     """Seconds each wrapper adds to one call, measured around a no-op function."""
     import time
 
-    from helpers.instrument import Instrument
+    from helpers._runtime.instrument import Instrument
 
-    from helpers.protocol import Board
+    from helpers._runtime.board import Board
 
     board = Board.create(1)
     inst = Instrument(0, board, 1)

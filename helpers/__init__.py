@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 
-from ._factory import get_factory as _get_factory
-from ._factory import shutdown_factory as shutdown
+from ._runtime.factory import get_factory as _get_factory
+from ._runtime.factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
 from .cluster import Cluster, ClusterError
@@ -42,7 +42,7 @@ from .errors import (
 )
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
-from .protocol import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
+from ._runtime.calls import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
 
 __all__ = [
     "launch",

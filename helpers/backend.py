@@ -61,7 +61,7 @@ class Choice:
 
 def machine_info() -> dict[str, Any]:
     """torch version, CPU count, CUDA GPUs and available backends, as the ranks see them."""
-    from ._factory import get_factory
+    from ._runtime.factory import get_factory
 
     return dict(get_factory().info)
 

@@ -18,27 +18,27 @@ not stopped: they keep their state. A rank that hangs is interrupted when it is 
 in Python code; a rank blocked inside a communication call cannot be, and the error says
 so: :meth:`Cluster.restart` then gives a fresh group in a second or two. Ranks deadlocked
 in point-to-point calls are found about a second after the deadlock forms, without
-waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers.deadlock`).
+waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers._runtime.deadlock`).
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from typing import Any, Callable, Sequence
 
-from . import diagnose
-from ._factory import get_factory
-from ._group import Outcome, RankGroup
-from ._report import group_stopped_error, outcome_error
+from ._runtime.cells import cache_source
+from ._runtime.factory import get_factory
+from ._runtime.group import RankGroup
+from ._runtime.protocol import Call, Exec, Pull, Push, Request
+from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
 from .backend import Choice, resolve_backend
-from .errors import Interrupted, LaunchError, signal_name
-from .launcher import Forbid, default_timeout, forbid_reasons, serialize, serialize_call, trace_of, validate_world
+from .errors import LaunchError, signal_name
+from .launcher import serialize, serialize_call, trace_of
 from .output import OutputRouter, OutputSpec
-from .protocol import Call, Death, Exec, Pull, Push, Request
+from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
 from .trace import Trace
-from .view import RankOutputView, choose_view
+from .view import RankOutputView, ViewRouter, choose_view
 
 __all__ = ["Cluster", "ClusterError", "Results"]
 
@@ -79,26 +79,27 @@ class Cluster:
         forbid: Forbid = (),
         after_failure: float = _AFTER_FAILURE,
     ) -> None:
-        timeout = default_timeout() if timeout is None else timeout
-        validate_world(world_size, nnodes, timeout)
-        self.forbid = forbid_reasons(forbid)
+        self.settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, output=output,
+                                       max_lines=max_lines, forbid=forbid)
         if isinstance(after_failure, bool) or not isinstance(after_failure, (int, float)) or after_failure < 0:
             raise ValueError(f"after_failure must be seconds, 0 or more; got {after_failure!r}.")
         self.after_failure = float(after_failure)
         if view not in ("auto", "widgets", "text"):
             raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
-        OutputRouter(output)  # validates the output argument now
-        self.world_size = world_size
-        self.backend = backend
-        self.nnodes = nnodes
-        self.timeout = float(timeout)
-        self.output = output
-        self.max_lines = max_lines
         self.view = view
         self.choice: Choice | None = None
         self._group: RankGroup | None = None
         if start:
             self.start()
+
+    # The settings the ranks were started with (see helpers.settings.LaunchSettings).
+    world_size = property(lambda self: self.settings.world_size)
+    backend = property(lambda self: self.settings.backend)
+    nnodes = property(lambda self: self.settings.nnodes)
+    timeout = property(lambda self: self.settings.timeout)
+    output = property(lambda self: self.settings.output)
+    max_lines = property(lambda self: self.settings.max_lines)
+    forbid = property(lambda self: self.settings.forbid)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -112,16 +113,8 @@ class Cluster:
         factory = get_factory()
         self.choice = resolve_backend(self.backend, self.world_size, factory.info)
         router = self._router()
-        group = RankGroup(
-            factory,
-            self.world_size,
-            backend=self.choice.init_backend,
-            timeout=self.timeout,
-            nnodes=self.nnodes,
-            router=router,
-            devices=list(self.choice.devices) if self.choice.devices else None,
-            forbid=self.forbid,
-        )
+        group = RankGroup(factory, self.settings, init_backend=self.choice.init_backend, router=router,
+                          devices=list(self.choice.devices) if self.choice.devices else None)
         self._group = group
         started = time.perf_counter()
         try:
@@ -252,7 +245,7 @@ class Cluster:
         if not isinstance(source, str):
             raise TypeError(f"exec() needs source code as a string; got {type(source).__name__}.")
         targets = self._targets(ranks)
-        outcome = self._request(Exec(0, source, filename or _cache_source(source), trace), targets, timeout)
+        outcome = self._request(Exec(0, source, filename or cache_source(source), trace), targets, timeout)
         return self._results(outcome, targets, trace, display=display)
 
     def push(self, *, ranks: Sequence[int] | None = None, per_rank: bool = False, **values: Any) -> None:
@@ -313,7 +306,7 @@ class Cluster:
         view = self.view if self.view != "auto" else choose_view()
         if view == "widgets" and self.output == "live":
             self._view = RankOutputView(self.world_size, ranks)
-            router = _ViewRouter(self._view.write, max_lines=self.max_lines)
+            router = ViewRouter(self._view.write, max_lines=self.max_lines)
         else:
             router = OutputRouter(self.output, max_lines=self.max_lines)
         self._last_router = router
@@ -357,9 +350,7 @@ class Cluster:
         except KeyboardInterrupt:
             busy = [r for r in targets if group.ranks[r].state == "busy"]
             stuck = self._interrupt(busy)
-            where = f"rank{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}" if busy else "no busy rank"
-            still = f"; still blocked: {', '.join(map(str, stuck))} (run %dist_restart)" if stuck else ""
-            raise Interrupted(f"the cell was interrupted on {where}{still}.") from None
+            raise interrupted_cell(busy, stuck) from None
         finally:
             group.router.flush()
         if not outcome.ok:
@@ -397,78 +388,5 @@ class Cluster:
         """
         deadlocked = list(outcome.deadlock.ranks) if outcome.deadlock is not None else []
         stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
-        ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
-        if outcome.cause is None:
-            if deadlocked:
-                blocked = sorted(deadlocked + stuck)
-                note = (f"{ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
-                        "communication calls, where an interrupt cannot reach them: run %dist_restart (or "
-                        "cluster.restart()) for a fresh group.")
-            else:
-                note = ("They were interrupted and keep their variables." if not stuck else
-                        f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
-                        "%dist_restart (or cluster.restart()) for a fresh group.")
-            what = "The cell" if isinstance(request, Exec) else "The call"
-            return outcome_error(outcome, self.world_size, timeout, what=what, note=note)
-        extra = []
-        if outcome.finished:
-            extra.append(f"{ranks(outcome.finished)} finished this request.")
-        if stuck:
-            board = {rec.rank: rec.phase for rec in outcome.board}
-            waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),
-                                        board.get(r)) for r in stuck]
-            extra.append("Still blocked: " + "; ".join(waits) + ".")
-            extra.append("Run %dist_restart (or cluster.restart()) for a fresh group.")
-        elif isinstance(outcome.cause, Death):
-            extra.append("A rank died, so the group is broken: run %dist_restart (or cluster.restart()).")
-        else:
-            extra.append("The other ranks keep their variables.")
-        return outcome_error(outcome, self.world_size, timeout, note=" ".join(extra))
-
-
-class _ViewRouter(OutputRouter):
-    """Rank output goes to the widget view; our own lines (the ranks started, each rank's
-    ``Out:`` value, a rank that did not stop) stay plain text under the cell. A plain
-    router with a callable sink would drop them."""
-
-    def note(self, text: str) -> None:
-        try:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def _cache_source(source: str) -> str:
-    """Register a cell's source so tracebacks can show its lines, as ``Cell In[N]`` with the
-    number the notebook shows for the cell that is running."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            return shell.compile.cache(source, _running_cell_number(shell))
-    except Exception:  # noqa: BLE001 - outside IPython
-        pass
-    import linecache
-
-    name = f"<distributed-{abs(hash(source)) & 0xFFFFFFFF:x}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
-    return name
-
-
-def _running_cell_number(shell: Any) -> int:
-    """The number of the notebook cell running now, as the notebook shows it.
-
-    That is the number IPython filed the running cell's code under; its
-    ``execution_count`` has already moved on to the next cell by the time a cell magic
-    runs (in current IPython versions), which made reports say ``Cell In[5]`` for cell [4].
-    """
-    numbers = shell.compile._filename_map
-    frame = sys._getframe(1)
-    while frame is not None:
-        number = numbers.get(frame.f_code.co_filename)
-        if number is not None:
-            return number
-        frame = frame.f_back
-    return shell.execution_count
+        what = "The cell" if isinstance(request, Exec) else "The call"
+        return kept_ranks_error(outcome, self.world_size, timeout, deadlocked=deadlocked, stuck=stuck, what=what)

@@ -4,7 +4,7 @@
 :func:`start` runs it in the background and returns a :class:`Job` to wait on or stop
 later, so that a cell can start two ``torchrun`` agents side by side.
 
-Every command runs under a small supervising process (:mod:`helpers._supervise`) that
+Every command runs under a small supervising process (:mod:`helpers._runtime.supervise`) that
 is a child subreaper: whatever the command starts, even workers in sessions of their own
 (torchrun's) or processes whose parent died, is ended when the command ends, when the
 stop button interrupts the cell, when the timeout expires, or when the kernel dies.
@@ -36,7 +36,7 @@ __all__ = ["Job", "start", "run", "CommandFailedError", "CommandTimeoutError"]
 
 Output = Union[str, Callable[[str, str], None]]
 _TAIL = 4000  # lines of output a Job keeps
-_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_supervise.py")
+_SUPERVISOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_runtime", "supervise.py")
 
 
 class CommandFailedError(LaunchError):

@@ -105,7 +105,7 @@ class RankFailedError(LaunchError):
     None when the process died without one), ``exc_message``, ``rank_traceback`` (text),
     ``exitcode`` (None while the rank was alive), ``original`` (the rank's exception
     object when it could be sent back), ``frames`` (the traceback's frames, outermost
-    first, as :class:`helpers.protocol.Frame` records with ``filename``, ``lineno``,
+    first, as :class:`helpers._runtime.protocol.Frame` records with ``filename``, ``lineno``,
     ``name`` and ``line``; empty for a death), ``stopped`` (ranks we stopped because of it).
     """
 
@@ -125,7 +125,7 @@ class DeadlockError(LaunchTimeoutError):
     Ranks that each wait for a message no rank can ever send them (a cycle of receives,
     sends nobody receives, a receive from a rank that has finished) are stopped about a
     second after the deadlock forms, with the report a timeout gives (see
-    :mod:`helpers.deadlock`). It is a :class:`LaunchTimeoutError`, so code that catches
+    :mod:`helpers._runtime.deadlock`). It is a :class:`LaunchTimeoutError`, so code that catches
     those still does. Attributes: those of :class:`LaunchTimeoutError`, plus ``seconds``
     (when it was found, after the request started) and ``ranks`` (the deadlocked ranks).
     """

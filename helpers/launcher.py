@@ -20,29 +20,24 @@ Example::
 
 from __future__ import annotations
 
-import os
 import signal
 import time
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Sequence
 
-from ._factory import get_factory
-from ._group import Outcome, RankGroup
-from ._report import group_stopped_error
+from ._runtime.factory import get_factory
+from ._runtime.group import RankGroup
+from ._runtime.protocol import Call, Request
+from ._runtime.report import Outcome, group_stopped_error, interrupted_launch, stopped_ranks
 from .backend import resolve_backend
-from .errors import Interrupted, LaunchError
+from .errors import LaunchError
 from .output import OutputRouter, OutputSpec
-from .protocol import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT, Call, Request
+from .settings import Forbid, LaunchSettings
 from .trace import Trace
 
-__all__ = ["launch", "LaunchResult", "Forbid", "validate_world", "serialize", "serialize_call", "forbid_reasons"]
+__all__ = ["launch", "run_settings", "LaunchResult", "serialize", "serialize_call"]
 
 _INTERRUPT_STEPS = ((signal.SIGINT, 0.5), (signal.SIGTERM, 0.5))
-_DEFAULT_FORBID_REASON = "this launch switched it off"
 _last_announcement: str | None = None
-
-#: What ``forbid=`` takes: call names, or call names mapped to the reason a learner reads.
-Forbid = Union[Sequence[str], Mapping[str, str]]
-
 
 class LaunchResult(list):
     """The ranks' return values, indexed by rank, plus what else the launch produced.
@@ -56,52 +51,6 @@ class LaunchResult(list):
     backend: str
     seconds: float
     trace: Trace | None = None
-
-
-def default_timeout() -> float:
-    """60 s, or 10 s while nbgrader executes the notebook (autograde or validate)."""
-    return 10.0 if os.environ.get("NBGRADER_EXECUTION") else 60.0
-
-
-def validate_world(world_size: Any, nnodes: Any = 1, timeout: Any = 60.0) -> None:
-    """Check the shape of a launch before anything starts; raise with what to pass instead."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(
-            f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}. "
-            "For example launch(fn, 4) runs fn on 4 ranks."
-        )
-    if world_size > 64:
-        raise ValueError(
-            f"world_size={world_size} is more ranks than this notebook launcher runs on one "
-            "machine (at most 64); use torchrun on a cluster for more."
-        )
-    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
-        raise ValueError(f"nnodes must be a whole number of simulated hosts, 1 or more; got {nnodes!r}.")
-    if world_size % nnodes:
-        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(
-            f"nnodes={nnodes} does not divide world_size={world_size}: every simulated host must "
-            f"run the same number of ranks. Pass nnodes as one of {divisors}."
-        )
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}.")
-
-
-def forbid_reasons(forbid: Forbid) -> dict[str, str]:
-    """``forbid=`` as a dict of call name -> reason; raises for names that cannot be switched off."""
-    if isinstance(forbid, str):
-        raise TypeError(f"forbid takes a list of call names, like forbid=['all_reduce']; got the string {forbid!r}.")
-    reasons = dict(forbid) if isinstance(forbid, Mapping) else dict.fromkeys(forbid, _DEFAULT_FORBID_REASON)
-    known = POINT_TO_POINT + COLLECTIVES + (DDP, COURSE_RING)
-    for name, reason in reasons.items():
-        if name not in known:
-            raise ValueError(
-                f"forbid names {name!r}, which is not a call the helpers can switch off. Use names from "
-                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, helpers.DDP for DistributedDataParallel, or helpers.COURSE_RING for the course's ring."
-            )
-        if not isinstance(reason, str) or not reason:
-            raise ValueError(f"forbid[{name!r}] must be a sentence saying why it is switched off; got {reason!r}.")
-    return reasons
 
 
 _PICKLER: Any = None
@@ -249,36 +198,42 @@ def launch(
     BackendUnavailableError, ValueError
         Bad arguments, raised before any rank starts.
     """
-    timeout = default_timeout() if timeout is None else timeout
-    _check_arguments(fn, world_size, args, nnodes, timeout)
-    reasons = forbid_reasons(forbid)
-    router = OutputRouter(output, max_lines=max_lines)
+    _check_function(fn, world_size)
+    settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, init=init, output=output,
+                              max_lines=max_lines, trace=trace, forbid=forbid)
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
+    return run_settings(fn, args, kwargs, settings)
+
+
+def run_settings(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None,
+                 settings: LaunchSettings) -> LaunchResult:
+    """:func:`launch` with its settings already checked and gathered in one object."""
+    world_size, nnodes = settings.world_size, settings.nnodes
+    router = OutputRouter(settings.output, max_lines=settings.max_lines)
     payload = serialize_call(fn, args, kwargs)
     started = time.perf_counter()
     factory = get_factory()
-    choice = resolve_backend(backend, world_size, factory.info)
+    choice = resolve_backend(settings.backend, world_size, factory.info)
     announce(router, f"Launching {world_size} rank{'s' if world_size > 1 else ''} on {choice.describe(world_size)}"
              + (f", {nnodes} simulated hosts" if nnodes > 1 else ""))
-    group = RankGroup(factory, world_size, backend=choice.init_backend, timeout=timeout, nnodes=nnodes, init=init,
-                      router=router, devices=list(choice.devices) if choice.devices else None, forbid=reasons)
-    outcome = _run_once(group, Call(0, payload, trace), timeout)
+    group = RankGroup(factory, settings, init_backend=choice.init_backend, router=router,
+                      devices=list(choice.devices) if choice.devices else None)
+    outcome = _run_once(group, Call(0, payload, settings.trace), settings.timeout)
     results = LaunchResult(outcome.replies[r].value() for r in range(world_size))
     results.output = {r: router.text(r) for r in range(world_size)}
     results.backend = choice.name
     results.seconds = time.perf_counter() - started
-    results.trace = trace_of(world_size, outcome) if trace else None
+    results.trace = trace_of(world_size, outcome) if settings.trace else None
     return results
 
 
-def _check_arguments(fn: Any, world_size: Any, args: Any, nnodes: Any, timeout: Any) -> None:
+def _check_function(fn: Any, world_size: Any) -> None:
     if not callable(fn):
         raise TypeError(
             f"launch() needs a function to run on every rank as its first argument; got "
             f"{type(fn).__name__} {fn!r}. Define def work(rank, world_size): ... and call launch(work, {world_size!r})."
         )
-    validate_world(world_size, nnodes, timeout)
-    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
-        raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
 
 
 def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
@@ -296,10 +251,9 @@ def _run_once(group: RankGroup, request: Request, timeout: float) -> Outcome:
         live = group.live
         group.stop(_INTERRUPT_STEPS)
         group.close()
-        stopped = f"stopped rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))}" if live else "no rank was running"
         if live:
-            group.router.note(f"Interrupted: {stopped}.")
-        raise Interrupted(f"the launch was interrupted; {stopped}.") from None
+            group.router.note(f"Interrupted: {stopped_ranks(live)}.")
+        raise interrupted_launch(live) from None
     except BaseException:
         group.stop()
         group.close()

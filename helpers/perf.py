@@ -33,7 +33,7 @@ def _timeout(timeout: float | None) -> float:
     """180 s for a sweep, or launch's grading default (10 s) while nbgrader grades."""
     import os
 
-    from .launcher import default_timeout
+    from .settings import default_timeout
 
     if timeout is not None:
         return timeout
@@ -130,8 +130,7 @@ class Sweep:
         return [b * 2 * (p - 1) / p for b in self.algbw()]
 
     def table(self, fit: AlphaBeta | None = None) -> str:
-        lines = [f"{'size':>10}  {'time':>10}  {'busbw GB/s':>10}" + ("  {'model':>10}" if fit else "")]
-        lines[0] = f"{'size':>10}  {'time (ms)':>10}  {'busbw GB/s':>10}" + (f"  {'model (ms)':>10}" if fit else "")
+        lines = [f"{'size':>10}  {'time (ms)':>10}  {'busbw GB/s':>10}" + (f"  {'model (ms)':>10}" if fit else "")]
         for n, t, bw in zip(self.sizes, self.seconds, self.busbw()):
             row = f"{n:>10}  {t * 1e3:>10.3f}  {bw / 1e9:>10.3f}"
             if fit:

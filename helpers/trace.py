@@ -32,12 +32,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from .protocol import TraceEvent
+from ._runtime.protocol import TraceEvent
 
-__all__ = ["Event", "Trace", "SEND_OPS", "RECV_OPS", "RING_PHASES"]
+__all__ = ["Event", "Trace", "RING_PHASES"]
 
-SEND_OPS = ("send", "isend", "send_object_list")
-RECV_OPS = ("recv", "irecv", "recv_object_list")
 #: The two phases of a ring all-reduce, in the order it runs them.
 RING_PHASES = ("reduce-scatter", "all-gather")
 _COLORS = {
@@ -333,7 +331,7 @@ class Trace:
 
     def _draw_step(self, ax: Any, step: dict) -> None:
         p = self.world_size
-        image = ax.imshow(step["holdings"], cmap="Greens", vmin=0, vmax=p)
+        ax.imshow(step["holdings"], cmap="Greens", vmin=0, vmax=p)
         for r in range(p):
             for c in range(p):
                 value = step["holdings"][r][c]
@@ -345,7 +343,6 @@ class Trace:
         ax.set_xlabel("chunk")
         ax.set_ylabel("rank")
         ax.set_title(f"step {step['step'] + 1}: {step['phase']}\n(red = chunk sent to the next rank)", fontsize="small")
-        _ = image
 
 
 def _rect(chunk: int, rank: int, color: str):
@@ -368,10 +365,8 @@ def _chunk_of(e: Event, p: int) -> int | None:
 def _itemsize(dtype: str | None) -> int:
     import torch
 
-    try:
-        return torch.empty(0, dtype=getattr(torch, dtype or "float32")).element_size()
-    except (AttributeError, TypeError):
-        return 1
+    value = getattr(torch, dtype or "float32", None)
+    return value.itemsize if isinstance(value, torch.dtype) else 1
 
 
 def _figure(ax: Any, size: tuple[float, float]):

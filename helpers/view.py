@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["choose_view", "RankOutputView"]
+from .output import OutputRouter
+
+__all__ = ["choose_view", "RankOutputView", "ViewRouter"]
 
 
 def choose_view() -> str:
@@ -84,3 +86,16 @@ class RankOutputView:
         if not self._shown:
             for widget in (*self.per_rank.values(), self.combined, self.tabs):
                 widget.close()
+
+
+class ViewRouter(OutputRouter):
+    """Rank output goes to the widget view; our own lines (the ranks started, each rank's
+    ``Out:`` value, a rank that did not stop) stay plain text under the cell. A plain
+    router with a callable sink would drop them."""
+
+    def note(self, text: str) -> None:
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass

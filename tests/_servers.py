@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,15 +16,10 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Mapping
 
+from devtools.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "course-test-token"
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, str]:

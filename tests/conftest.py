@@ -17,6 +17,9 @@ from typing import Any, Callable
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# devtools/ (course copies, free ports) is imported from the repository root, not installed.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 # --------------------------------------------------------------------------- processes
@@ -66,7 +69,7 @@ def descendants_of(pid: int) -> list[int]:
 
 
 def factory_pid() -> int:
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     return get_factory().pid
 
@@ -100,7 +103,7 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
 @pytest.fixture(scope="session")
 def factory():
     """This test process's rank factory, started and warm (torch imported)."""
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     return get_factory()
 
@@ -108,7 +111,7 @@ def factory():
 @pytest.fixture
 def no_leftover_ranks(factory):
     """After the test, no process may remain under the rank factory."""
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     yield
     fac = get_factory()  # the factory may have been restarted by the test
@@ -269,13 +272,13 @@ def graded_class(request, tmp_path_factory):
 
     Each test module that reads its grades from this run defines ``LESSONS`` (the lessons
     it hands in) and ``hand_in(root, submissions)`` (writes its learners' notebooks, see
-    :func:`autograder.scratch.hand_in`). The modules collected in this session are asked,
+    :func:`devtools.scratch.hand_in`). The modules collected in this session are asked,
     their learners graded together in one throw-away copy of the course, and the run's
     root folder and printed output returned: one grading run instead of one per module,
     graded the way an instructor grades a class (two at a time). Running a single module
     grades only its own learners.
     """
-    from autograder.scratch import course_copy, run_instructor_command
+    from devtools.scratch import course_copy, run_instructor_command
 
     modules = sorted({item.module for item in request.session.items if hasattr(item.module, "hand_in")},
                      key=lambda module: module.__name__)

@@ -18,7 +18,7 @@ import pytest
 import autograder.kit
 from autograder.clean import define, exercise_code, exercise_code_from_cells
 from autograder.kit import exercises
-from autograder.scratch import GRADER_PATCH, RING_ANSWERS
+from devtools.scratch import GRADER_PATCH, RING_ANSWERS
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
@@ -121,7 +121,7 @@ def test_a_rank_cannot_run_code_in_the_grading_process(tmp_path):
     marker = tmp_path / "ran"
     code = f"""
 import os
-from helpers import _wire
+from helpers._runtime import wire as _wire
 from autograder import exercise
 from autograder.harness import GradingFailure
 _wire.restrict()

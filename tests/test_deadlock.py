@@ -1,4 +1,4 @@
-"""Deadlocks found as they form (helpers.deadlock): the rules on hand-built boards, the
+"""Deadlocks found as they form (helpers._runtime.deadlock): the rules on hand-built boards, the
 wrappers' message counts, and real gloo ranks through helpers.launch and helpers.Cluster.
 
 A deadlock in point-to-point calls must end the launch about a second after it forms with
@@ -19,9 +19,9 @@ import torch.distributed as dist
 import helpers
 from conftest import rank_children
 from helpers import Cluster, DeadlockError, LaunchTimeoutError
-from helpers.deadlock import STABLE, DeadlockWatch, stuck_ranks
-from helpers.instrument import Instrument
-from helpers.protocol import (
+from helpers._runtime.deadlock import STABLE, DeadlockWatch, stuck_ranks
+from helpers._runtime.instrument import Instrument
+from helpers._runtime.board import (
     FLAG_TIMED,
     FLAG_UNSURE,
     RECVS_DONE,
@@ -144,13 +144,12 @@ def test_rules_unsure_ranks_and_timed_waits_switch_detection_off():
 
 
 def test_docstring_examples_run():
-    """Do the runnable examples in helpers.deadlock's and helpers.protocol's docstrings give what they show?"""
+    """Do the runnable examples in the docstrings of helpers._runtime's pure modules give what they show?"""
     import doctest
+    import importlib
 
-    import helpers.deadlock
-    import helpers.protocol
-
-    for module in (helpers.deadlock, helpers.protocol):
+    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report"):
+        module = importlib.import_module(f"helpers._runtime.{name}")
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
 

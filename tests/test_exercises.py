@@ -23,7 +23,7 @@ from autograder.harness import CheckError, GradingFailure, course_frame
 from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.reference import chunk_bounds, ring_allreduce
 from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
-from helpers.protocol import Frame
+from helpers._runtime.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
@@ -199,7 +199,7 @@ def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
     """Does 4.4's visible self-check fail the whole-tensor ring on its message sizes, as the hidden bandwidth part does?"""
     import torch
 
-    from autograder.scratch import RING_ANSWERS
+    from devtools.scratch import RING_ANSWERS
 
     namespace = {"dist": dist, "torch": torch}
     exec(RING_ANSWERS["whole_tensor"], namespace)  # the tutorial ring the grading tests also hand in
@@ -426,8 +426,8 @@ def test_shared_pieces():
 
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
-    "kit", "harness", "cells", "preprocessors", "scratch", "reference", "release", "sandbox", "clean", "summary",
-    "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson08")])
+    "kit", "harness", "cells", "preprocessors", "reference", "release", "sandbox", "clean", "summary",
+    "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson08")] + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import GRADER_PATCH, RING_ANSWERS, sandbox_flags, solution_source, submission
+from devtools.scratch import GRADER_PATCH, RING_ANSWERS, sandbox_flags, solution_source, submission
 from autograder.summary import CSV_NAME, HTML_NAME
 
 WHOLE_TENSOR_RING = RING_ANSWERS["whole_tensor"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import scratch
-from autograder.scratch import feedback, scores, solution_source
+from devtools import scratch
+from devtools.scratch import feedback, scores, solution_source
 
 LESSON = "05-data-parallel-sgd"
 AVERAGE, TRAIN = "ex5_1-average-gradients", "ex5_2-train"

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from autograder import scratch
-from autograder.scratch import feedback, scores, solution_source
+from devtools import scratch
+from devtools.scratch import feedback, scores, solution_source
 
 LESSON = "06-ddp"
 ANSWER = "ex6_1-miniddp"

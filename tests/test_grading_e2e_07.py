@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from autograder import scratch
-from autograder.scratch import feedback, scores, solution_source
+from devtools import scratch
+from devtools.scratch import feedback, scores, solution_source
 
 LESSON = "07-launching-at-scale"
 ANSWER = "ex7_1-main"

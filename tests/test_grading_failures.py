@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import course_copy, sandbox_flags, solution_source, submission
+from devtools.scratch import course_copy, sandbox_flags, solution_source, submission
 from autograder.course import tool_env
 
 LESSON = "00-getting-started"

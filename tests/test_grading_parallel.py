@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.scratch import GRADER_PATCH, course_copy, run_instructor_command, solution_source, submission
+from devtools.scratch import GRADER_PATCH, course_copy, run_instructor_command, solution_source, submission
 from autograder.summary import CSV_NAME
 
 LESSON = "00-getting-started"

@@ -305,15 +305,16 @@ def test_ranks_stuck_joining_the_group_are_described_as_still_starting():
     """Are ranks that hang before their function runs (in the rendezvous) described as still starting?"""
     import dataclasses
 
-    from helpers._factory import get_factory
-    from helpers._group import RankGroup
-    from helpers._report import outcome_error
+    from helpers._runtime.factory import get_factory
+    from helpers._runtime.group import RankGroup
+    from helpers._runtime.report import outcome_error
+    from helpers.settings import LaunchSettings
 
     class WaitsForAThirdRank(RankGroup):  # two ranks told the group has three: nobody can join
         def _group_spec(self):
             return dataclasses.replace(super()._group_spec(), world_size=self.world_size + 1)
 
-    group = WaitsForAThirdRank(get_factory(), 2, backend="gloo", timeout=5.0)
+    group = WaitsForAThirdRank(get_factory(), LaunchSettings(2, backend="gloo", timeout=5.0), init_backend="gloo")
     try:
         group.start()
         outcome = group.wait_ready(1.5)
@@ -591,7 +592,7 @@ _OWNER_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading, time
     import helpers
-    from helpers._factory import get_factory
+    from helpers._runtime.factory import get_factory
 
     def sleeper(rank, world_size):
         import time
@@ -706,3 +707,20 @@ def test_a_launch_carrying_megabytes_is_written_as_the_ranks_read_it(no_leftover
     started = time.perf_counter()
     assert launch(total, 2, (big,), output="quiet") == [float(1 << 22)] * 2
     assert time.perf_counter() - started < 5.0
+
+
+def test_launch_settings_check_themselves_and_say_what_each_setting_does():
+    """Do LaunchSettings reject a bad value before anything starts, and carry each setting's help text?"""
+    import dataclasses
+    import doctest
+
+    import helpers.settings
+    from helpers.settings import LaunchSettings
+
+    result = doctest.testmod(helpers.settings)
+    assert result.attempted > 0 and result.failed == 0
+    for f in dataclasses.fields(LaunchSettings):
+        assert LaunchSettings.help(f.name), f.name
+    with pytest.raises(ValueError, match="forbid names 'all_reduse'"):
+        LaunchSettings(2, forbid=["all_reduse"])
+    assert LaunchSettings(2, timeout=3).replace(world_size=4).timeout == 3.0

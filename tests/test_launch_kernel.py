@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import helpers
 from helpers import launch
-import helpers._factory as f
+import helpers._runtime.factory as f
 print(f.get_factory().pid)
 """
 
@@ -138,7 +138,7 @@ def test_rank_error_renders_with_the_cell_line_and_the_kernel_stays_usable(kerne
     assert f"Cell In[{out['execution_count']}], line 3" in traceback, traceback
     assert 'raise ValueError("bad shape in a cell")' in traceback
     # The launcher's own frames are not shown, only the rank's.
-    assert "launcher.py" not in traceback and "_group.py" not in traceback
+    assert "launcher.py" not in traceback and "_runtime" not in traceback
     assert out["stderr_messages"] == []
     assert kernel.value("1 + 1") == 2
 
@@ -181,7 +181,7 @@ def test_ranks_and_factory_die_with_the_kernel(make_kernel, how):
         k.run(
             cell(
                 """
-                import threading, helpers, helpers._factory as f
+                import threading, helpers, helpers._runtime.factory as f
 
                 def sleeper(rank, world_size):
                     import time

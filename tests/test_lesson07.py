@@ -107,7 +107,7 @@ def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
     import importlib.util
 
     from autograder.lesson07 import run_script
-    from autograder.scratch import solution_source
+    from devtools.scratch import solution_source
 
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("thread names come from /proc (Linux)")

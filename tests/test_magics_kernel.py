@@ -216,7 +216,7 @@ def test_kernel_shutdown_leaves_no_process_behind(shared):
     """After the kernel is shut down, are its rank factory and every rank gone within 5 s?"""
     k = shared.get()
     k.run("%dist_start -n 2")
-    k.run("from helpers._factory import get_factory\nfrom helpers.magics import current")
+    k.run("from helpers._runtime.factory import get_factory\nfrom helpers.magics import current")
     pids = k.value("[get_factory().pid] + [s['pid'] for s in current().status()]")
     assert len(pids) == 3 and not any(is_gone(pid) for pid in pids)
     k.km.shutdown_kernel(now=True)

@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 from nbclient import NotebookClient
 
 from autograder.release import ReleaseError, build
-from autograder.scratch import solution_source
+from devtools.scratch import solution_source
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON_MODULES = sorted(p.stem for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py"))
@@ -115,7 +115,7 @@ def test_release_holds_the_course_helpers_and_self_checks(release):
     modules and the learner's project files, and nothing else?"""
     files = _files(release)
     notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "course").glob("*/*.ipynb"))
-    helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").glob("*.py"))
+    helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").rglob("*.py"))
     autograder = sorted(f"autograder/{m}.py" for m in ["__init__", "kit", "harness", *LESSON_MODULES])
     project = [".gitignore", "MANIFEST.txt", "Makefile", "README.md", "environment.yml", "pyproject.toml"]
     assert len(notebooks) >= 9 and "helpers/ring.py" in helpers and len(LESSON_MODULES) >= 9

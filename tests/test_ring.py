@@ -48,7 +48,7 @@ def test_pipelined_ring_sums_like_all_reduce(world_size):
 
 
 def _traffic(rank, world_size, numel, piece):
-    from helpers.instrument import current
+    from helpers._runtime.instrument import current
 
     inst = current()
     t = torch.ones(numel)

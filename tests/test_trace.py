@@ -285,8 +285,7 @@ def _public_calls() -> set[str]:
 
 def test_every_public_call_is_wrapped_or_deliberately_left_alone():
     """Is every public function of the installed torch.distributed either wrapped (traced, named in hang reports) or listed as moving no data?"""
-    from helpers.instrument import NOT_COMMUNICATION
-    from helpers.protocol import COLLECTIVES, POINT_TO_POINT
+    from helpers._runtime.calls import COLLECTIVES, NOT_COMMUNICATION, POINT_TO_POINT
 
     public = _public_calls()
     assert {"all_reduce", "send", "init_process_group"} <= public, sorted(public)  # the scan finds something
@@ -295,7 +294,7 @@ def test_every_public_call_is_wrapped_or_deliberately_left_alone():
     assert not unknown, (
         f"torch.distributed {__import__('torch').__version__} has public calls the helpers neither wrap nor "
         f"list as moving no data: {unknown}. Add each collective to COLLECTIVES (or POINT_TO_POINT) in "
-        "helpers/protocol.py, or a call that moves no data to NOT_COMMUNICATION in helpers/instrument.py."
+        "helpers/_runtime/calls.py, or a call that moves no data to NOT_COMMUNICATION there."
     )
     assert not set(NOT_COMMUNICATION) & wrapped
 
@@ -304,7 +303,7 @@ def _wrapped_and_newer(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from helpers.protocol import COLLECTIVES, POINT_TO_POINT
+    from helpers._runtime.calls import COLLECTIVES, POINT_TO_POINT
 
     unwrapped = [n for n in POINT_TO_POINT + COLLECTIVES
                  if hasattr(dist, n) and not hasattr(getattr(dist, n), "__wrapped__")]

@@ -2,7 +2,7 @@
 
 A learner's deadlock (a ring where every rank calls ``recv`` first) used to wait out the
 launch timeout before its hang report. While the notebook waits for a request, it now
-reads the board (:class:`helpers.protocol.Board`) a few times a second; when some ranks
+reads the board (:class:`helpers._runtime.board.Board`) a few times a second; when some ranks
 are blocked in point-to-point calls that provably can never complete, it stops at once
 with the same report (:class:`helpers.DeadlockError`, a
 :class:`~helpers.LaunchTimeoutError`). The timeout stays the last resort for what the
@@ -43,7 +43,7 @@ Collectives are left to the timeout: a rank in one counts as live. Their counts
 DTensor), so no rule about them could be proved safe here.
 
 What switches detection off, for the whole group, for the rest of the ranks' life (the
-slot's :data:`~helpers.protocol.FLAG_UNSURE`; conservative: the counts no longer tell
+slot's :data:`~helpers._runtime.board.FLAG_UNSURE`; conservative: the counts no longer tell
 the whole story, and a miss only means the timeout reports it):
 
 - a receive from any source (``src=None``): it may be matched by any peer;
@@ -84,7 +84,7 @@ timed waits, groups the rank is not in, waits counted once, gloo only).
 
 Example::
 
-    >>> from helpers.protocol import BoardRecord, P2PCounts
+    >>> from helpers._runtime.board import BoardRecord, P2PCounts
     >>> board = [BoardRecord(0, "call", "recv", peer=1), BoardRecord(1, "call", "recv", peer=0)]
     >>> stuck_ranks(board, P2PCounts.zero(2), finished=set())
     [0, 1]
@@ -96,7 +96,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .protocol import RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board, BoardRecord, P2PCounts
+from .board import RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board, BoardRecord, P2PCounts
 
 __all__ = ["Deadlock", "DeadlockWatch", "stuck_ranks", "blocked_on", "STABLE", "CHECK_EVERY"]
 
@@ -143,7 +143,7 @@ def stuck_ranks(board: list[BoardRecord], counts: P2PCounts, finished: Iterable[
     finished nor blocked (:func:`blocked_on`) is live. Any unsure rank (see the module's
     docstring) makes the answer empty.
 
-    >>> from helpers.protocol import BoardRecord as R, P2PCounts
+    >>> from helpers._runtime.board import BoardRecord as R, P2PCounts
     >>> # rank 1 receives from rank 0, which returned without sending
     >>> stuck_ranks([R(0, "ready"), R(1, "call", "recv", peer=0)], P2PCounts.zero(2), finished={0})
     [1]

@@ -1,5 +1,8 @@
 """Scratch copies of the course for trying the grading workflow (used by tests and benchmarks).
 
+Not part of the shipped packages: tests/ and bench/ import it from the repository root
+(``from devtools.scratch import course_copy``).
+
 Nothing here isolates or restricts code: these are plain folders and files, meant to be
 thrown away, so that grading trials never touch the repository's gradebook and work
 folders.
@@ -37,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .course import ROOT, tool_env
+from autograder.course import ROOT, tool_env
 
 __all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "grade_class", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
@@ -137,7 +140,7 @@ def sandbox_flags() -> list[str]:
     ``COURSE_REQUIRE_SANDBOX=1`` (set by ``.ci/run`` once it has installed bubblewrap)
     makes them run sandboxed or fail.
     """
-    from .sandbox import problem
+    from autograder.sandbox import problem
 
     return ["--no-sandbox"] if problem() is not None and not os.environ.get("COURSE_REQUIRE_SANDBOX") else []
 
@@ -175,8 +178,8 @@ def layout(lesson: str, number: str) -> tuple[dict[str, str], dict[str, float]]:
 
     Raises AssertionError when the notebook's graded cells and the declared parts disagree.
     """
-    from . import exercise
-    from .cells import graded_cells
+    from autograder import exercise
+    from autograder.cells import graded_cells
 
     cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")
              if c.number == number}

@@ -9,6 +9,10 @@ when it is closed, whatever happened.
 Every wait is a loop in the calling thread around ``poll``: the Jupyter stop button's
 ``KeyboardInterrupt`` arrives right there, and output is printed from the thread that runs
 the cell, so it lands under that cell.
+
+Its pipe half (reading and writing each rank's pipes, a dying rank's last words, the
+stacks of hung ranks) is :class:`~helpers._runtime.rankio.RankIO`; what each rank is told
+at start is :func:`~helpers._runtime.spec.group_spec`.
 """
 
 from __future__ import annotations
@@ -18,139 +22,57 @@ import os
 import select
 import shutil
 import signal
-import socket
-import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 
-from . import _wire
-from ._factory import Factory, FactoryError
-from ._report import earliest, in_distributed_call
-from .deadlock import Deadlock, DeadlockWatch
-from .output import OutputRouter
-from .protocol import (
-    FD_NAMES,
-    Board,
-    BoardRecord,
-    Death,
-    Exited,
-    Failure,
-    GroupSpec,
-    RankSpec,
-    Ready,
-    Request,
-    Result,
-    Spawned,
-)
+from ..output import OutputRouter
+from ..settings import LaunchSettings
+from .board import Board, BoardRecord
+from .deadlock import DeadlockWatch
+from .factory import Factory, FactoryError
+from .protocol import Death, Exited, Failure, GroupSpec, RankSpec, Request, Result, Spawned
+from .rankio import RankIO, RankState
+from .report import Outcome, earliest, in_distributed_call
+from .spec import PG_TIMEOUT_MARGIN, group_spec
 
-__all__ = ["RankGroup", "RankState", "Outcome", "free_port", "kernel_sources", "PG_TIMEOUT_MARGIN"]
+__all__ = ["RankGroup"]
 
-#: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
-#: the rank factory's `python -c` module (see helpers._factory).
-_DUMP_END = b'File "<string>", line'
-
-#: The process group's own timeout is the request timeout plus this: ours must fire
-#: first, so that a hang is diagnosed rather than ended by a gloo error.
-PG_TIMEOUT_MARGIN = 30.0
 # After an error raised inside torch.distributed, how long to wait for a rank's death
 # that may be its real cause (its peers' calls fail at once when it dies).
 _ECHO_GRACE = 0.5
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (for code that binds its own store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+class RankGroup(RankIO):
+    """``settings.world_size`` ranks forked by the factory, with their pipes open to this process.
 
-
-def kernel_sources(limit: int = 4 << 20) -> dict[str, list[str]]:
-    """Source lines of code typed in notebook cells, so ranks can show them in tracebacks."""
-    import linecache
-
-    out, size = {}, 0
-    for filename, entry in list(linecache.cache.items()):
-        if len(entry) == 4 and entry[1] is None and isinstance(entry[2], list):
-            size += entry[0] or 0
-            if size > limit:
-                break
-            out[filename] = entry[2]
-    return out
-
-
-@dataclass
-class RankState:
-    """What the notebook knows about one rank."""
-
-    rank: int
-    pid: int | None = None
-    state: str = "starting"  # starting, idle, busy, exited
-    exitcode: int | None = None
-    main_thread: int | None = None
-    fds: dict[str, int] = field(default_factory=dict)
-    writer: _wire.FrameWriter | None = None
-    reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
-    diag: bytearray = field(default_factory=bytearray)
-
-
-@dataclass
-class Outcome:
-    """How a request to several ranks ended, with the evidence that explains it."""
-
-    replies: dict[int, Result] = field(default_factory=dict)
-    failures: list[Failure | Death] = field(default_factory=list)  # errors and unexpected exits
-    pending: list[int] = field(default_factory=list)  # ranks still busy when waiting stopped
-    cause: Failure | Death | None = None  # the root cause among the failures
-    diag: str = ""  # what the cause wrote on its diagnostics stream during the request
-    board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
-    stacks: dict[int, str] = field(default_factory=dict)  # pending rank -> its Python stacks
-    main_threads: dict[int, int | None] = field(default_factory=dict)
-    # Set when waiting stopped because pending ranks were found deadlocked (helpers.deadlock),
-    # rather than at the timeout.
-    deadlock: Deadlock | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures and not self.pending
-
-    @property
-    def finished(self) -> list[int]:
-        return sorted(self.replies)
-
-
-class RankGroup:
-    """``world_size`` ranks forked by the factory, with their pipes open to this process.
-
-    ``timeout`` is the longest a request will be given; the process group's own timeout
-    is set above it (:data:`PG_TIMEOUT_MARGIN`). ``forbid`` maps call names to the reason
-    shown when a rank calls one (see :meth:`helpers.instrument.Instrument.forbid`).
+    ``settings`` (:class:`~helpers.settings.LaunchSettings`) says how many ranks, on how
+    many simulated hosts, with or without a process group, and which calls are switched off
+    (see :meth:`helpers._runtime.instrument.Instrument.forbid`); ``settings.timeout`` is the
+    longest a request will be given, and the process group's own timeout is set above it
+    (:data:`~helpers._runtime.spec.PG_TIMEOUT_MARGIN`). ``init_backend`` is the backend the
+    process group is made with (``settings.backend`` resolved, :func:`helpers.backend.resolve_backend`).
     """
 
     def __init__(
         self,
         factory: Factory,
-        world_size: int,
+        settings: LaunchSettings,
         *,
-        backend: str,
-        timeout: float,
-        nnodes: int = 1,
-        init: bool = True,
+        init_backend: str,
         router: OutputRouter | None = None,
         devices: list[int] | None = None,
         extra_env: dict[str, str] | None = None,
-        forbid: dict[str, str] | None = None,
     ) -> None:
         self.factory = factory
-        self.world_size = world_size
-        self.backend = backend
-        self.nnodes = nnodes
-        self.init = init
-        self.pg_timeout = timeout + PG_TIMEOUT_MARGIN
+        self.settings = settings
+        self.world_size = world_size = settings.world_size
+        self.backend = init_backend
+        self.nnodes = settings.nnodes
+        self.init = settings.init
+        self.pg_timeout = settings.timeout + PG_TIMEOUT_MARGIN
         self.router = router or OutputRouter()
         self.devices = devices
         self.extra_env = extra_env or {}
-        self.forbid = dict(forbid or {})
+        self.forbid = dict(settings.forbid)
         self.board: Board | None = None
         self.store_dir: str | None = None
         self.ranks = [RankState(r) for r in range(world_size)]
@@ -165,62 +87,11 @@ class RankGroup:
     # -- start ------------------------------------------------------------------------
 
     def _group_spec(self) -> GroupSpec:
-        world, nnodes = self.world_size, self.nnodes
-        local_world = world // nnodes
-        env = dict(os.environ)
-        env.update(
-            {
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()),
-                "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(local_world),
-                "GROUP_WORLD_SIZE": str(nnodes),
-                "ROLE_WORLD_SIZE": str(world),
-                "MPLBACKEND": "Agg",
-                "PYTHONUNBUFFERED": "1",
-                "HELPERS_PRESTART": "0",  # a rank that imports helpers starts no factory
-            }
-        )
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
-        env.update(self.extra_env)
-        cpus = (self.factory.info or {}).get("cpus") or os.cpu_count() or 1
-        store_path = None
-        if self.init:  # the rendezvous store: a file in a folder of this group's own
-            self.store_dir = tempfile.mkdtemp(prefix="helpers-rdzv-")
-            store_path = os.path.join(self.store_dir, "store")
-        return GroupSpec(
-            world_size=world,
-            backend=self.backend,
-            init=self.init,
-            pg_timeout=self.pg_timeout,
-            env=env,
-            cwd=os.getcwd(),
-            sys_path=list(sys.path),
-            threads=max(1, cpus // local_world) if nnodes == 1 else max(1, cpus // world),
-            sources=kernel_sources(),
-            store_path=store_path,
-            store_dir=self.store_dir,  # the factory removes it if we cannot
-            forbid=self.forbid,
-        )
-
-    def _open_pipes(self, state: RankState) -> list[int]:
-        """Make one rank's pipes; keep our ends, return theirs in FD_NAMES order."""
-        theirs: list[int] = []
-        for name in FD_NAMES:
-            if name == "board":
-                theirs.append(os.dup(self.board.fd))
-                continue
-            read_end, write_end = os.pipe()
-            ours, child = (write_end, read_end) if name == "cmd" else (read_end, write_end)
-            theirs.append(child)
-            state.fds[name] = ours
-            os.set_blocking(ours, False)
-            if name == "cmd":
-                state.writer = _wire.FrameWriter(ours)
-            else:
-                self._by_fd[ours] = (state, name)
-                self._poller.register(ours, select.POLLIN)
-        return theirs
+        """What every rank of this group is told at start (its rendezvous folder is kept to remove)."""
+        spec = group_spec(self.world_size, self.nnodes, self.backend, init=self.init, pg_timeout=self.pg_timeout,
+                          extra_env=self.extra_env, forbid=self.forbid, cpus=(self.factory.info or {}).get("cpus"))
+        self.store_dir = spec.store_dir
+        return spec
 
     def start(self) -> "RankGroup":
         """Fork the ranks. Returns at once; they initialise while we go on."""
@@ -266,120 +137,7 @@ class RankGroup:
                     state.state = "exited"
                     state.exitcode = state.exitcode if state.exitcode is not None else -signal.SIGKILL
 
-    # -- the wait loop ----------------------------------------------------------------
-
-    def poll(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` seconds for anything, and handle all that arrived.
-
-        A request larger than a pipe holds (64 KiB: a function sent with its data) is
-        written as the rank reads it: its command pipe is watched for room while part of
-        it waits, so the rest goes as soon as there is room, not at the next wake-up.
-        """
-        ms = None if timeout is None else max(0, int(timeout * 1000))
-        writing = [s.fds["cmd"] for s in self.ranks if s.writer is not None and s.writer.waiting and "cmd" in s.fds]
-        for fd in writing:
-            self._poller.register(fd, select.POLLOUT)
-        try:
-            ready = self._poller.poll(ms)
-        finally:
-            for fd in writing:
-                self._poller.unregister(fd)
-        # Output first: what a rank printed before it replied must appear before the reply.
-        # Factory events last: a rank's reply is written before its exit can be reported.
-        ready.sort(key=self._order)
-        for fd, _ in ready:
-            if fd == self.factory.fileno():
-                self.factory.pump()
-                continue
-            entry = self._by_fd.get(fd)
-            if entry is None:
-                continue
-            state, name = entry
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._close_fd(fd)
-                if name in ("stdout", "stderr"):
-                    self.router.flush(state.rank)
-                continue
-            if name in ("stdout", "stderr"):
-                self.router.feed(state.rank, name, data)
-            elif name == "diag":
-                state.diag += data
-            elif name == "reply":
-                state.reader.feed(data)
-                for reply in state.reader.messages():
-                    self._on_reply(state, reply)
-        for state in self.ranks:
-            if state.writer is not None and state.writer.waiting:
-                try:
-                    state.writer.flush()
-                except OSError:
-                    state.writer = None
-
-    def _order(self, item: tuple[int, int]) -> int:
-        entry = self._by_fd.get(item[0])
-        if entry is None:
-            return 2
-        return 0 if entry[1] in ("stdout", "stderr") else 1
-
-    def _on_reply(self, state: RankState, reply: Ready | Result | Failure) -> None:
-        if isinstance(reply, Ready):
-            state.state = "idle"
-            state.main_thread = reply.main_thread
-            return
-        if state.state == "busy":
-            state.state = "idle"
-        self.events.append(reply)
-
-    def _close_fd(self, fd: int) -> None:
-        try:
-            self._poller.unregister(fd)
-        except KeyError:
-            pass
-        self._by_fd.pop(fd, None)
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-    def send(self, rank: int, request: Request) -> None:
-        """Queue a request for one rank; written as the pipe takes it."""
-        state = self.ranks[rank]
-        if state.writer is None:
-            return
-        try:
-            state.writer.queue(request)
-        except OSError:  # the rank is gone; its exit is reported separately
-            state.writer = None
-
-    def take_events(self) -> list[Result | Failure | Death]:
-        events, self.events = self.events, []
-        return events
-
-    def _last_words(self, death: Death, rid: int | None) -> Failure | Death:
-        """A rank died: the error it sent as it died, if any (its own cause), else the death.
-
-        Reads its reply pipe to the end first, so nothing it sent is missed; other events
-        read meanwhile stay queued.
-        """
-        fd = self.ranks[death.rank].fds.get("reply")
-        deadline = time.monotonic() + 1.0
-        while fd in self._by_fd and time.monotonic() < deadline:
-            self.poll(0.02)
-        last: Failure | Death = death
-        keep = []
-        for event in self.take_events():
-            if isinstance(event, Failure) and event.rank == death.rank and event.id in (rid, None):
-                last = event
-            else:
-                keep.append(event)
-        self.events[:0] = keep
-        return last
+    # -- the wait loop (poll, send and take_events: RankIO) ------------------------------
 
     def request(
         self,
@@ -395,7 +153,7 @@ class RankGroup:
         Returns when every rank answered, at the timeout, once a rank failed (at once
         with ``fail_fast``, else ``after_failure`` seconds later: time for the others to
         finish on their own), or about a second after ranks it waits for deadlocked in
-        point-to-point calls (``outcome.deadlock``; see :mod:`helpers.deadlock`). Never
+        point-to-point calls (``outcome.deadlock``; see :mod:`helpers._runtime.deadlock`). Never
         raises for rank problems: the outcome carries the evidence (root cause, its crash
         stack, the board, hung ranks' stacks) and the caller decides.
         """
@@ -414,7 +172,7 @@ class RankGroup:
             pending.add(r)
         started = time.monotonic()
         deadline = started + timeout
-        # The deadlock rules rely on gloo's point-to-point semantics (helpers.deadlock).
+        # The deadlock rules rely on gloo's point-to-point semantics (helpers._runtime.deadlock).
         watch = DeadlockWatch(self.board if "gloo" in self.backend else None, ranks, started,
                               exited=lambda r: self.ranks[r].state == "exited")
         failed_at = None
@@ -521,35 +279,6 @@ class RankGroup:
             self.factory.signal(self.gid, sig, ranks)
         except FactoryError:
             pass
-
-    def dump_stacks(self, ranks: list[int], wait: float = 3.0) -> dict[int, str]:
-        """Ask ranks for their Python stacks; returns rank -> faulthandler dump text.
-
-        The dumps usually arrive within milliseconds. ``wait`` is long because the signal
-        goes through the rank factory, which is deaf for a second or two while it does its
-        one idle warm-up import (helpers._factory); a shorter wait then found no stack.
-        """
-        ranks = [r for r in ranks if self.ranks[r].state != "exited"]
-        if not ranks:
-            return {}
-        before = {r: len(self.ranks[r].diag) for r in ranks}
-        self.signal(signal.SIGUSR1, ranks)
-        deadline = time.monotonic() + wait
-
-        def complete(r: int) -> bool:
-            # faulthandler writes a dump line by line, innermost frame first; a rank's main
-            # thread ends with the factory's start-up frame, File "<string>". A pause in the
-            # middle of a dump (a busy machine) must not cut it short: that would lose the
-            # learner's own frame, which comes after torch's.
-            if self.ranks[r].state == "exited":
-                return True
-            text = self.ranks[r].diag[before[r]:]
-            end = text.rfind(_DUMP_END)
-            return end >= 0 and b"\n" in text[end:]
-
-        while time.monotonic() < deadline and not all(complete(r) for r in ranks):
-            self.poll(0.05)
-        return {r: bytes(self.ranks[r].diag[before[r]:]).decode("utf-8", "replace") for r in ranks}
 
     def read_board(self) -> list[BoardRecord]:
         """What each rank notes it is doing right now (its phase, its torch.distributed call)."""

@@ -24,8 +24,9 @@ import os
 import re
 from typing import Any
 
-from .errors import cell_label
-from .protocol import COLLECTIVES, DDP_CONSTRUCTOR, BoardRecord
+from ..errors import cell_label
+from .board import BoardRecord
+from .calls import COLLECTIVES, DDP_CONSTRUCTOR
 
 __all__ = [
     "parse_dump",
@@ -44,7 +45,7 @@ __all__ = [
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/, not helpers/_runtime/
 
 
 def parse_dump(text: str) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The process between the notebook and a command it runs: nothing the command starts outlives it.
 
-Run as ``python -m helpers._supervise GRACE -- command args...``. This process
+Run as ``python -m helpers._runtime.supervise GRACE -- command args...``. This process
 
 - dies with its parent (the kernel): ``PR_SET_PDEATHSIG``;
 - is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): any process the command starts,
@@ -106,7 +106,7 @@ def end_all(grace: float, keep: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m helpers._supervise GRACE -- command [args...]", file=sys.stderr)
+        print("usage: python -m helpers._runtime.supervise GRACE -- command [args...]", file=sys.stderr)
         return 2
     grace, command = float(argv[0]), argv[2:]
     parent = os.getppid()

@@ -6,7 +6,7 @@ per rank in memory the notebook can read at any moment), so that a hang can be
 explained even when the rank is stuck inside C++: which call, which peer. Point-to-point
 calls also count, per peer, the messages posted and seen complete (on the same board),
 so that the notebook can tell that blocked ranks will never be matched and report the
-deadlock at once (:mod:`helpers.deadlock`). With tracing on, each call is also recorded
+deadlock at once (:mod:`helpers._runtime.deadlock`). With tracing on, each call is also recorded
 as an event (op, peer, bytes, dtype, shape, times); the events go home with the
 request's reply.
 
@@ -15,7 +15,7 @@ all-reduce runs with ``all_reduce`` and its relatives raising
 :class:`~helpers.ForbiddenCallError`, also on the process group object, so only
 point-to-point calls can do the work.
 
-The board and the trace events are records of :mod:`helpers.protocol`.
+The board and the trace events are records of :mod:`helpers._runtime.protocol`.
 
 This module runs in the ranks only; the notebook side is :mod:`helpers.trace`. Inside a
 rank, :func:`current` is the rank's :class:`Instrument` (benchmarks switch its wrappers
@@ -23,7 +23,7 @@ off and on with :meth:`Instrument.uninstall` and :meth:`Instrument.install`).
 
 Example (inside a rank)::
 
-    >>> from helpers.instrument import current
+    >>> from helpers._runtime.instrument import current
     >>> inst = current()
     >>> inst.tracing = True          # record the next calls as TraceEvents
     >>> dist.barrier(); [e.op for e in inst.take_events()]
@@ -32,31 +32,20 @@ Example (inside a rank)::
 
 from __future__ import annotations
 
-import functools
 import inspect
-import sys
 import threading
 import time
 from typing import Any, Callable
 
-from .errors import ForbiddenCallError
-from .protocol import (
-    COLLECTIVES,
-    COURSE_RING,
-    DDP,
-    DDP_CONSTRUCTOR,
-    FLAG_TIMED,
-    FLAG_UNSURE,
-    POINT_TO_POINT,
-    RECVS_DONE,
-    RECVS_POSTED,
-    SENDS_DONE,
-    SENDS_POSTED,
-    Board,
-    TraceEvent,
-)
+from ..errors import ForbiddenCallError
+from . import callargs
+from .board import FLAG_UNSURE, RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board
+from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT
+from .ddp_watch import watch_ddp
+from .protocol import TraceEvent
+from .work import TracedWork, threaded
 
-__all__ = ["Instrument", "FORBIDDEN_ALIASES", "NOT_COMMUNICATION", "current"]
+__all__ = ["Instrument", "current"]
 
 _current: "Instrument | None" = None
 _INHERITED = object()  # an attribute a class only inherits: putting it back means deleting ours
@@ -65,152 +54,6 @@ _INHERITED = object()  # an attribute a class only inherits: putting it back mea
 def current() -> "Instrument | None":
     """The rank's instrument (None outside a rank, or with HELPERS_NO_INSTRUMENT=1)."""
     return _current
-
-
-# Process-group methods and functional collectives that do the same work as a public
-# collective; forbidding the collective forbids these too.
-FORBIDDEN_ALIASES = {
-    "all_reduce": ("allreduce", "allreduce_coalesced"),
-    "broadcast": ("broadcast",),
-    "reduce": ("reduce",),
-    "all_gather": ("allgather", "allgather_coalesced", "_allgather_base", "all_gather_single"),
-    "all_gather_into_tensor": ("_allgather_base", "allgather_into_tensor_coalesced", "all_gather_single"),
-    "gather": ("gather", "gather_single", "gather_into_tensor"),
-    "scatter": ("scatter",),
-    "reduce_scatter": ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single"),
-    "reduce_scatter_tensor": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
-    "all_to_all": ("alltoall", "alltoall_base", "all_to_all_single"),
-    "all_to_all_single": ("alltoall_base", "all_to_all_single"),
-    "barrier": ("barrier", "monitored_barrier"),
-    "all_gather_single": ("_allgather_base", "allgather_into_tensor_coalesced", "all_gather_single"),
-    "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce_scatter_single"),
-    "all_reduce_coalesced": ("allreduce_coalesced",),
-    "all_gather_coalesced": ("allgather_coalesced",),
-    "gather_single": ("gather_single", "gather_into_tensor"),
-    "gather_into_tensor": ("gather_single", "gather_into_tensor"),
-}
-
-#: Public torch.distributed functions that move no data between ranks, so nothing wraps
-#: them: setting groups up and down, asking about them, and context managers. Every other
-#: public function of the installed torch.distributed must be in
-#: :data:`~helpers.protocol.POINT_TO_POINT` or :data:`~helpers.protocol.COLLECTIVES`
-#: (tests/test_trace.py checks it, so a collective added by a new torch is not missed).
-NOT_COMMUNICATION = (
-    "init_process_group",
-    "destroy_process_group",
-    "new_group",
-    "new_subgroups",
-    "new_subgroups_by_enumeration",
-    "split_group",
-    "shrink_group",
-    "init_device_mesh",
-    "is_available",
-    "is_initialized",
-    "is_torchelastic_launched",
-    "is_backend_available",
-    "is_gloo_available",
-    "is_mpi_available",
-    "is_nccl_available",
-    "is_ucc_available",
-    "is_xccl_available",
-    "get_backend",
-    "get_backend_config",
-    "get_default_backend_for_device",
-    "get_rank",
-    "get_world_size",
-    "get_group_rank",
-    "get_global_rank",
-    "get_process_group_ranks",
-    "get_node_local_rank",
-    "get_pg_count",
-    "get_debug_level",
-    "supports_complex",
-    "GroupName",
-    "record_comm",  # a context manager that names the collectives run inside it
-    "rendezvous",  # the store behind init_process_group, not the backend
-    "register_rendezvous_handler",
-    "breakpoint",  # a debugger for one rank
-    "get_backend_impl",  # torch 2.14: the group's backend object, to call its own methods
-    "set_timeout",  # torch 2.14: a group's timeout for later calls
-)
-
-_PEER_PARAMS = ("dst", "src")
-_GROUP_PEER_PARAMS = ("group_dst", "group_src")
-_TENSOR_PARAM = {
-    "all_gather": "tensor",
-    "all_gather_into_tensor": "input_tensor",
-    "_all_gather_base": "input_tensor",
-    "gather": "tensor",
-    "scatter": "scatter_list",
-    "reduce_scatter": "input_list",
-    "reduce_scatter_tensor": "input",
-    "_reduce_scatter_base": "input",
-    "all_to_all": "input_tensor_list",
-    "all_to_all_single": "input",
-    "all_gather_single": "input_tensor",
-    "reduce_scatter_single": "input",
-    "all_reduce_coalesced": "tensors",
-    "all_gather_coalesced": "input_tensor_list",
-}
-_REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-             "all_reduce_coalesced")
-
-
-def _nbytes(value: Any) -> int | None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return sum(v.numel() * v.element_size() for v in value)
-    return None
-
-
-class _TracedWork:
-    """Stands in for a ``Work`` request; notes the wait on the board, and in the trace.
-
-    For an ``isend``/``irecv``, ``count`` is where in the rank's row of message counts its
-    completion is counted: once, after the first ``wait()`` that returns (a second wait
-    must not count the message twice: that would make a receive look unmatched).
-    """
-
-    __slots__ = ("_work", "_events", "_instrument", "_label", "_count")
-
-    def __init__(self, work: Any, events: list[TraceEvent], instrument: "Instrument", label: tuple,
-                 count: int = -1) -> None:
-        self._work = work
-        self._events = events
-        self._instrument = instrument
-        self._label = label
-        self._count = count
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        inst = self._instrument
-        op, peer, nbytes = self._label
-        if _threaded(inst):
-            inst.flags |= FLAG_UNSURE
-        # A wait with a timeout of its own may return with no peer's help: say so.
-        inst.post("wait", op, peer, nbytes, None, FLAG_TIMED if args or kwargs else 0)
-        began = time.perf_counter()
-        try:
-            done = self._work.wait(*args, **kwargs)
-        finally:
-            ended = time.perf_counter()
-            inst.post("running")
-            for event in self._events:
-                if event.wait_start is None:
-                    event.wait_start = began
-                event.waited = ended
-        if self._count >= 0 and done is not False:
-            inst.counts[self._count] += 1  # after the board says "running", never before
-            self._count = -1
-        return done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-    def __repr__(self) -> str:
-        return f"<traced {self._work!r}>"
 
 
 class Instrument:
@@ -251,7 +94,7 @@ class Instrument:
 
         Posted counts go up before the call starts (before the board says "call"), so a
         message in flight is always counted. What the counts cannot describe marks the
-        rank unsure instead (:data:`~helpers.protocol.FLAG_UNSURE`): a receive from any
+        rank unsure instead (:data:`~helpers._runtime.board.FLAG_UNSURE`): a receive from any
         source, the object calls (two messages each, one of them of unknown size), a
         tensor off the CPU (nccl's sends may finish before their receive is posted, which
         gloo's never do, and the rules rely on that), and a call while the rank runs
@@ -264,7 +107,7 @@ class Instrument:
             return -1
         sending = name in ("send", "isend")
         if name in ("send_object_list", "recv_object_list") or (peer is None and not sending) \
-                or not getattr(tensor, "is_cpu", True) or _threaded(self):
+                or not getattr(tensor, "is_cpu", True) or threaded(self):
             self.flags |= FLAG_UNSURE
             return -1
         try:
@@ -299,101 +142,8 @@ class Instrument:
             self._set(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 self._set(dist, name, wrapped)
-        self._watch_ddp()
+        watch_ddp(self)
         self._installed = {key: vars(key[0])[key[1]] for key in self._originals}
-
-    def _watch_ddp(self) -> None:
-        """Make DistributedDataParallel's communication show on the board and in traces.
-
-        DDP's reducer all-reduces its gradient buckets from C++, where the wrappers above
-        cannot see it. Unless the program registers a communication hook of its own, the
-        first forward pass registers one that does what DDP does by default (divide the
-        bucket by the group's size, all-reduce it asynchronously) through the wrapped
-        ``dist.all_reduce``: each bucket becomes a traced all-reduce noted "DDP bucket i",
-        and while buckets are in flight the board says the rank waits in an all_reduce,
-        which is where a rank stuck at the end of backward is. A program's own Python hook
-        (fp16 compression, for example) calls the wrapped functions itself. The
-        constructor, which broadcasts rank 0's weights from C++, is noted on the board as
-        :data:`~helpers.protocol.DDP_CONSTRUCTOR` while it runs.
-        """
-        try:
-            from torch.nn.parallel import DistributedDataParallel
-        except ImportError:  # a torch built without distributed support
-            return
-        inst = self
-        init, forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
-        register = DistributedDataParallel.register_comm_hook
-        builtin = getattr(DistributedDataParallel, "_register_builtin_comm_hook", None)
-        in_flight = [0]
-        lock = threading.Lock()
-
-        def bucket_hook(process_group, bucket):  # no annotations: DDP checks them against its own types
-            import torch.distributed as dist
-
-            group = process_group if process_group is not None else dist.group.WORLD
-            tensor = bucket.buffer()
-            tensor.div_(group.size())  # DDP's default: the mean, dividing before the sum
-            mark = len(inst.events)
-            work = dist.all_reduce(tensor, group=process_group, async_op=True)
-            events = inst.events[mark:] if inst.tracing else []
-            for event in events:
-                event.note = f"DDP bucket {bucket.index()}"
-            with lock:
-                in_flight[0] += 1
-                inst.post("wait", "all_reduce", None, tensor.numel() * tensor.element_size())
-
-            def done(fut: Any) -> Any:
-                ended = time.perf_counter()
-                for event in events:
-                    event.waited = ended
-                with lock:
-                    in_flight[0] -= 1
-                    if in_flight[0] == 0:
-                        inst.post("running")
-                return fut.value()[0]
-
-            return work.get_future().then(done)
-
-        def traced_init(ddp: Any, *args: Any, **kwargs: Any) -> None:
-            inst.seq += 1
-            group = kwargs.get("process_group", args[5] if len(args) > 5 else None)
-            if _members(group) is None:  # the constructor broadcasts over the default group
-                inst.world_seq += 1
-            inst.post("call", DDP_CONSTRUCTOR)
-            try:
-                init(ddp, *args, **kwargs)
-            finally:
-                inst.post("running")
-
-        def traced_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
-            if not getattr(ddp, "_helpers_hook_set", False):
-                ddp._helpers_hook_set = True
-                register(ddp, ddp.process_group, bucket_hook)
-            return forward(ddp, *args, **kwargs)
-
-        def own_hook(ddp: Any, state: Any, hook: Callable) -> Any:
-            ddp._helpers_hook_set = True
-
-            def noted(state, bucket):  # no annotations: DDP checks them against its own types
-                mark = len(inst.events)
-                future = hook(state, bucket)
-                for event in inst.events[mark:] if inst.tracing else ():
-                    event.note = f"DDP bucket {bucket.index()}"
-                return future
-
-            functools.update_wrapper(noted, hook)
-            del noted.__wrapped__  # DDP reads the signature: it must be noted's own
-            return register(ddp, state, noted)
-
-        def own_builtin(ddp: Any, *args: Any, **kwargs: Any) -> Any:
-            ddp._helpers_hook_set = True
-            return builtin(ddp, *args, **kwargs)
-
-        for name, value in (("__init__", traced_init), ("forward", traced_forward), ("register_comm_hook", own_hook)):
-            functools.update_wrapper(value, getattr(DistributedDataParallel, name))
-            self._set(DistributedDataParallel, name, value)
-        if builtin is not None:
-            self._set(DistributedDataParallel, "_register_builtin_comm_hook", functools.update_wrapper(own_builtin, builtin))
 
     def uninstall(self) -> None:
         """Put torch.distributed's own functions back (used to measure the wrappers' cost)."""
@@ -438,7 +188,7 @@ class Instrument:
         """Switch off these calls (name -> the reason the learner reads).
 
         A collective's name also switches off its process-group methods and functional
-        version; :data:`~helpers.protocol.DDP` switches off DistributedDataParallel.
+        version; :data:`~helpers._runtime.calls.DDP` switches off DistributedDataParallel.
         """
         self.refused = {**self.refused, **reasons}
         for name, reason in reasons.items():
@@ -450,7 +200,7 @@ class Instrument:
                 continue
             self.forbidden[name] = reason
             for method in FORBIDDEN_ALIASES.get(name, ()):
-                for cls in _process_group_classes():
+                for cls in callargs.process_group_classes():
                     if hasattr(cls, method):
                         self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason), refusing=True)
             try:
@@ -462,7 +212,7 @@ class Instrument:
                     self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason), refusing=True)
 
     def _forbid_course_ring(self, reason: str) -> None:
-        from . import ring
+        from .. import ring
 
         for fname in ring.__all__:
             self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason), refusing=True)
@@ -477,9 +227,9 @@ class Instrument:
 
     def _wrap(self, name: str, fn: Callable) -> Callable:
         params = list(inspect.signature(fn).parameters)
-        peer_param = next((p for p in _PEER_PARAMS if p in params), None)
-        group_peer_param = next((p for p in _GROUP_PEER_PARAMS if p in params), None)
-        tensor_param = _TENSOR_PARAM.get(name, params[0] if params else None)
+        peer_param = next((p for p in callargs.PEER_PARAMS if p in params), None)
+        group_peer_param = next((p for p in callargs.GROUP_PEER_PARAMS if p in params), None)
+        tensor_param = callargs.TENSOR_PARAM.get(name, params[0] if params else None)
         is_p2p = name in POINT_TO_POINT
         blocking = name in ("send", "recv")  # returns when the message is done (isend/irecv: at wait())
         inst = self
@@ -506,17 +256,17 @@ class Instrument:
             if peer is None and group_peer_param:
                 group_peer = argument(args, kwargs, group_peer_param)
                 if group_peer is not None:
-                    peer = _global_rank(group, group_peer)
+                    peer = callargs.global_rank(group, group_peer)
             if name == "batch_isend_irecv":
                 return inst._batch(fn, argument(args, kwargs, "p2p_op_list") or [])
             tensor = argument(args, kwargs, tensor_param)
-            nbytes = _nbytes(tensor)
-            members = None if is_p2p else _members(group)
+            nbytes = callargs.nbytes(tensor)
+            members = None if is_p2p else callargs.members(group)
             if is_p2p:
                 count = inst._posted(name, peer, tensor, group)
             else:
                 count = -1
-                if threading.get_ident() != inst.main_thread:  # see _threaded
+                if threading.get_ident() != inst.main_thread:  # see work.threaded
                     inst.flags |= FLAG_UNSURE
                 inst.seq += 1
                 if members is None:
@@ -538,7 +288,7 @@ class Instrument:
             if inst.tracing:
                 bound = dict(zip(params, args))
                 bound.update(kwargs)
-            if _is_work(result) and _called_from_torch():
+            if callargs.is_work(result) and callargs.called_from_torch():
                 # torch's own code (DDP's Join support, for one) hands the request to C++,
                 # which takes only the real Work: record the call, return the request as is.
                 if inst.tracing:
@@ -546,11 +296,11 @@ class Instrument:
                 return result
             if inst.tracing:
                 event = inst._event(name, peer, tensor, nbytes, start, end, group, bound)
-                if _is_work(result):
+                if callargs.is_work(result):
                     event.async_op = True
-                    return _TracedWork(result, [event], inst, (name, peer, nbytes), count)
-            elif _is_work(result) and inst._board is not None:
-                return _TracedWork(result, [], inst, (name, peer, nbytes), count)
+                    return TracedWork(result, [event], inst, (name, peer, nbytes), count)
+            elif callargs.is_work(result) and inst._board is not None:
+                return TracedWork(result, [], inst, (name, peer, nbytes), count)
             return result
 
         wrapper.__name__ = fn.__name__
@@ -566,7 +316,7 @@ class Instrument:
         labels = []
         for op in ops:
             kind = getattr(getattr(op, "op", None), "__name__", "isend")
-            labels.append((kind, op.peer, _nbytes(op.tensor), op.tensor))
+            labels.append((kind, op.peer, callargs.nbytes(op.tensor), op.tensor))
         self.post("call", "batch_isend_irecv", labels[0][1] if labels else None, sum(n or 0 for _, _, n, _ in labels))
         local.depth = 1
         start = time.perf_counter()
@@ -586,7 +336,7 @@ class Instrument:
             event.async_op = True
         if isinstance(works, list):
             # One request may stand for the whole batch: each waits for all of its events.
-            return [_TracedWork(w, events, self, ("wait", None, 0)) for w in works]
+            return [TracedWork(w, events, self, ("wait", None, 0)) for w in works]
         return works
 
     def _event(
@@ -596,7 +346,7 @@ class Instrument:
 
         event = TraceEvent(
             rank=self.rank, op=name, peer=peer, nbytes=nbytes, dtype=None, shape=None, start=start, end=end,
-            tag=bound.get("tag", 0) or 0, group=_members_list(group), batch=batch,
+            tag=bound.get("tag", 0) or 0, group=callargs.members_list(group), batch=batch,
             seq=self.seq if name in COLLECTIVES else None,
         )
         if isinstance(tensor, torch.Tensor):
@@ -607,7 +357,7 @@ class Instrument:
                 event.base_nbytes = tensor.untyped_storage().nbytes()
             except Exception:  # noqa: BLE001 - sparse or unusual tensors
                 pass
-        if "op" in bound and name in _REDUCING:
+        if "op" in bound and name in callargs.REDUCING:
             event.reduce_op = str(bound["op"]).rsplit(".", 1)[-1]
         self.events.append(event)
         return event
@@ -615,70 +365,6 @@ class Instrument:
     def take_events(self) -> list[TraceEvent]:
         events, self.events = self.events, []
         return events
-
-
-def _threaded(inst: "Instrument") -> bool:
-    """Whether this call runs beside other Python threads of the rank, or in one of them.
-
-    A rank runs its requests in its main thread and starts no other; the board shows one
-    call per rank, so while other threads run, a peer may be about to get what this call
-    waits for from a thread the board does not show.
-    """
-    return threading.active_count() > inst.threads or threading.get_ident() != inst.main_thread
-
-
-def _called_from_torch() -> bool:
-    """Whether the wrapped call was made by torch's own code (two frames up: past the wrapper)."""
-    caller = sys._getframe(2).f_globals.get("__name__", "")
-    return caller == "torch" or caller.startswith("torch.")
-
-
-def _is_work(value: Any) -> bool:
-    return hasattr(value, "wait") and hasattr(value, "is_completed")
-
-
-def _members(group: Any) -> int | None:
-    ranks = _members_list(group)
-    if ranks is None:
-        return None
-    mask = 0
-    for r in ranks:
-        if r < 64:
-            mask |= 1 << r
-    return mask
-
-
-def _members_list(group: Any) -> list[int] | None:
-    if group is None:
-        return None
-    try:
-        import torch.distributed as dist
-
-        if group is dist.GroupMember.WORLD:
-            return None
-        return list(dist.get_process_group_ranks(group))
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _global_rank(group: Any, group_rank: int) -> int:
-    try:
-        import torch.distributed as dist
-
-        return dist.get_global_rank(group, group_rank) if group is not None else group_rank
-    except Exception:  # noqa: BLE001
-        return group_rank
-
-
-def _process_group_classes() -> list[type]:
-    import torch.distributed as dist
-
-    classes = [dist.ProcessGroup]
-    for name in ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI", "Backend"):
-        cls = getattr(dist, name, None) or getattr(dist.distributed_c10d, name, None)
-        if isinstance(cls, type):
-            classes.append(cls)
-    return classes
 
 
 def _refuser(label: str, reason: str) -> Callable:

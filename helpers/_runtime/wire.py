@@ -3,7 +3,9 @@
 A message is an 8-byte little-endian length followed by a pickle. Writers on the rank
 side block (a rank has nothing better to do); the notebook side reads and writes without
 blocking, through :class:`FrameReader` and :class:`FrameWriter`, so that a rank that stops
-reading can never stall the kernel.
+reading can never stall the kernel. The kernel and the rank factory talk over a Unix
+``SOCK_SEQPACKET`` socket instead: one pickle per packet, with file descriptors passed
+along (:func:`send_message`).
 
 Example::
 
@@ -20,12 +22,29 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
 import struct
 from typing import Any
 
-__all__ = ["encode", "write_frame", "read_frame", "FrameReader", "FrameWriter", "loads", "restrict"]
+__all__ = ["encode", "write_frame", "read_frame", "FrameReader", "FrameWriter", "loads", "restrict", "send_message",
+           "MAX_PACKET", "MAX_FDS"]
 
 _HEADER = struct.Struct("<Q")
+#: The largest message between the kernel and the rank factory (one packet), and the most
+#: file descriptors one carries.
+MAX_PACKET = 1 << 20
+MAX_FDS = 250
+
+
+def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None:
+    """Send one message to or from the rank factory as one packet, with ``fds`` passed along."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_PACKET:
+        raise ValueError(f"factory message of {len(data)} bytes is over {MAX_PACKET}")
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.sendall(data)
 
 
 # -- unpickling what ranks send --------------------------------------------------------------
@@ -115,7 +134,7 @@ def restrict() -> None:
     >>> class Evil:
     ...     def __reduce__(self):
     ...         return (os.system, ("echo ran",))
-    >>> code = "from helpers import _wire; _wire.restrict(); _wire.loads(sys.stdin.buffer.read())"
+    >>> code = "from helpers._runtime import wire as _wire; _wire.restrict(); _wire.loads(sys.stdin.buffer.read())"
     >>> done = subprocess.run([sys.executable, "-c", "import sys; " + code], input=pickle.dumps(Evil()),
     ...                       capture_output=True)
     >>> done.stdout, b"which this process does not load" in done.stderr

@@ -25,10 +25,10 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from . import _wire
+from . import wire as _wire
+from .board import Board
 from .protocol import (
     FD_NAMES,
-    Board,
     Call,
     Exec,
     Failure,

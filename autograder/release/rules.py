@@ -1,0 +1,25 @@
+"""What the learner release keeps and what it never ships, and the error a build stops with."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = ["ROOT", "DEFAULT_DIR", "KEPT_MODULES", "LESSON", "JUNK", "MARKUP", "STUB", "ROOT_NAMES", "ReleaseError"]
+
+
+# The repository this module belongs to: it holds course/, helpers/, pyproject.toml, Makefile.
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DIR = Path("dist") / "learner-course"
+
+# The autograder modules learners get besides the lessonNN.py files; every other module stays.
+KEPT_MODULES = ("__init__", "kit", "harness")
+LESSON = re.compile(r"lesson\d{2}$")
+JUNK = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints)(/|$)|\.py[cod]$")
+MARKUP = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+STUB = "HIDDEN_CHECK"  # the name every Part's check becomes: autograder.kit.HIDDEN_CHECK
+ROOT_NAMES = ("EXERCISES",)  # what kit's registry reads from a lesson module: kept, with all it uses
+
+
+class ReleaseError(RuntimeError):
+    """The learner distribution cannot be built as asked; the message says why and what to do."""

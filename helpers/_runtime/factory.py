@@ -1,0 +1,236 @@
+"""The rank factory: one warm Python process per notebook kernel that forks the ranks.
+
+Why a separate process? Ranks must start fast and clean. Forking the notebook kernel is
+fast but breaks once the kernel touched CUDA or used OpenMP threads; starting a fresh
+interpreter per rank costs 1.5-2 s for ``import torch``. The factory imports torch once,
+never touches CUDA, runs no threads, and forks each rank from that clean, warm state.
+
+The kernel talks to the factory over a Unix ``SOCK_SEQPACKET`` socket: one pickled message
+per packet, with the ranks' pipe ends passed along as file descriptors. The factory forks,
+reaps, and signals ranks on request, and reports each rank's exit status. Only the factory
+signals ranks, and only ranks it has forked and not yet reaped, so a stale process id can
+never hit an unrelated process.
+
+When the kernel goes away, for whatever reason, the socket reaches end of file: the
+factory kills every rank's process group and exits. Each rank also asks Linux to kill it
+if the factory dies (``PR_SET_PDEATHSIG``).
+
+This module is the kernel's side; the factory process's own loop is
+:mod:`helpers._runtime.factory_process`.
+
+Example (kernel side)::
+
+    >>> from helpers._runtime.factory import get_factory
+    >>> factory = get_factory()   # starts it if needed, waits until torch is imported
+    >>> factory.info["torch"]     # what the factory found in a throwaway probe rank
+    '2.13.0+cpu'
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from . import wire as _wire
+from .wire import MAX_PACKET, send_message
+from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
+
+__all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
+
+class FactoryError(RuntimeError):
+    """The rank factory could not be started or stopped answering."""
+
+
+class Factory:
+    """The kernel's handle on its rank factory."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        code = (
+            "import sys; sys.path.insert(0, %r); "
+            "from helpers._runtime.factory_process import serve; serve(%d)" % (package_parent, child.fileno())
+        )
+        env = dict(os.environ)
+        env.pop("MPLBACKEND", None)
+        env["HELPERS_PRESTART"] = "0"  # importing helpers in there must not start another
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=(child.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            # Never the kernel's stderr: ipykernel forwards it into the running cell.
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the stop button's SIGINT is ours to forward
+            env=env,
+        )
+        child.close()
+        self.sock = parent
+        self.pid = self.process.pid
+        self.owner_pid = os.getpid()
+        self.info: dict[str, Any] | None = None
+        self._lock = threading.RLock()
+        self._listeners: dict[int, Callable[[dict], None]] = {}
+        self._next_gid = 0
+        self.dead: str | None = None
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        """Block until the factory has imported torch and probed the machine."""
+        deadline = time.monotonic() + timeout
+        while self.info is None:
+            if self.dead:
+                raise FactoryError(self.dead)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FactoryError(
+                    f"the rank factory (pid {self.pid}) did not start within {timeout:.0f} s; "
+                    "is `import torch` working in this environment?"
+                )
+            ready, _, _ = select.select([self.sock], [], [], min(remaining, 0.5))
+            if ready:
+                self.pump()
+        return self.info
+
+    def close(self) -> None:
+        """Stop the factory; it kills any rank still running."""
+        with self._lock:
+            if self.sock.fileno() >= 0:
+                try:
+                    send_message(self.sock, Stop())
+                except OSError:
+                    pass
+                self.sock.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.dead = self.dead or "the rank factory was shut down"
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self.process.poll() is None
+
+    # -- requests ---------------------------------------------------------------------
+
+    def new_group(self, listener: Callable[[Spawned | Exited | None], None]) -> int:
+        """Register a group; ``listener`` gets its events, and None if the factory dies."""
+        with self._lock:
+            self._next_gid += 1
+            self._listeners[self._next_gid] = listener
+            return self._next_gid
+
+    def forget_group(self, gid: int) -> None:
+        with self._lock:
+            self._listeners.pop(gid, None)
+
+    def spawn(self, gid: int, ranks: list[RankSpec], group: GroupSpec, fds: list[int]) -> None:
+        self._request(Spawn(gid, ranks, group), fds)
+
+    def signal(self, gid: int, sig: int, ranks: list[int] | None = None) -> None:
+        self._request(Signal(gid, int(sig), ranks))
+
+    def _request(self, message: Spawn | Signal, fds: list[int] = ()) -> None:
+        with self._lock:
+            if self.dead:
+                raise FactoryError(self.dead)
+            try:
+                send_message(self.sock, message, fds)
+            except OSError as exc:
+                self._died(f"the rank factory (pid {self.pid}) stopped answering ({exc})")
+                raise FactoryError(self.dead) from None
+
+    # -- events -----------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def pump(self) -> None:
+        """Read every waiting event and hand each to its group's listener."""
+        with self._lock:
+            while not self.dead:
+                try:
+                    data = self.sock.recv(MAX_PACKET, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                except OSError as exc:
+                    data = b""
+                    reason = str(exc)
+                else:
+                    reason = "end of file"
+                if not data:
+                    code = self.process.poll()
+                    self._died(
+                        f"the rank factory (pid {self.pid}) exited unexpectedly "
+                        f"({reason}, exit code {code}); its ranks were killed with it. "
+                        "The next launch starts a new one."
+                    )
+                    return
+                self._dispatch(_wire.loads(data))
+
+    def _dispatch(self, event: Hello | Fatal | Spawned | Exited) -> None:
+        if isinstance(event, Hello):
+            self.info = event.info
+        elif isinstance(event, Fatal):
+            self._died("the rank factory could not start:\n" + event.error)
+        else:
+            listener = self._listeners.get(event.gid)
+            if listener is not None:
+                listener(event)
+
+    def _died(self, reason: str) -> None:
+        self.dead = reason
+        for listener in list(self._listeners.values()):
+            listener(None)
+
+
+_factory: Factory | None = None
+_factory_lock = threading.Lock()
+
+
+def get_factory(wait: bool = True) -> Factory:
+    """The kernel's rank factory, started on first use and restarted if it died."""
+    global _factory
+    with _factory_lock:
+        if _factory is None or not _factory.alive or _factory.owner_pid != os.getpid():
+            if _factory is not None and _factory.owner_pid == os.getpid():
+                _factory.close()
+            _factory = Factory()
+        factory = _factory
+    if wait:
+        factory.wait_ready()
+    return factory
+
+
+def shutdown_factory() -> None:
+    """Stop the rank factory (it is started again by the next launch)."""
+    global _factory
+    with _factory_lock:
+        if _factory is not None and _factory.owner_pid == os.getpid():
+            _factory.close()
+        _factory = None
+
+
+def _forget_in_forked_child() -> None:
+    # A fork of the kernel must not keep the factory's socket open: the factory would then
+    # outlive the kernel, since it only exits when every copy of the socket is closed.
+    global _factory
+    if _factory is not None:
+        try:
+            _factory.sock.close()
+        except OSError:
+            pass
+        _factory = None
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
+atexit.register(shutdown_factory)

@@ -1,0 +1,206 @@
+"""The pipe half of a group of ranks: each rank's pipes, read and written without blocking.
+
+:class:`RankIO` is what :class:`~helpers._runtime.group.RankGroup` waits with: ``poll``
+reads what the ranks printed (to the output router), their replies (to ``events``) and
+their diagnostics (kept per rank), and writes queued requests as the pipes take them.
+It keeps no state of its own: it works on the group's ``ranks``, ``router``, ``factory``,
+``events`` and its poller.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+
+from . import wire as _wire
+from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result
+
+__all__ = ["RankIO", "RankState"]
+
+#: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
+#: the rank factory's `python -c` module (see helpers._runtime.factory).
+_DUMP_END = b'File "<string>", line'
+
+
+
+@dataclass
+class RankState:
+    """What the notebook knows about one rank."""
+
+    rank: int
+    pid: int | None = None
+    state: str = "starting"  # starting, idle, busy, exited
+    exitcode: int | None = None
+    main_thread: int | None = None
+    fds: dict[str, int] = field(default_factory=dict)
+    writer: _wire.FrameWriter | None = None
+    reader: _wire.FrameReader = field(default_factory=_wire.FrameReader)
+    diag: bytearray = field(default_factory=bytearray)
+
+
+class RankIO:
+    """Reading and writing the ranks' pipes; a base of :class:`~helpers._runtime.group.RankGroup`."""
+
+    def _open_pipes(self, state: RankState) -> list[int]:
+        """Make one rank's pipes; keep our ends, return theirs in FD_NAMES order."""
+        theirs: list[int] = []
+        for name in FD_NAMES:
+            if name == "board":
+                theirs.append(os.dup(self.board.fd))
+                continue
+            read_end, write_end = os.pipe()
+            ours, child = (write_end, read_end) if name == "cmd" else (read_end, write_end)
+            theirs.append(child)
+            state.fds[name] = ours
+            os.set_blocking(ours, False)
+            if name == "cmd":
+                state.writer = _wire.FrameWriter(ours)
+            else:
+                self._by_fd[ours] = (state, name)
+                self._poller.register(ours, select.POLLIN)
+        return theirs
+
+    def poll(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` seconds for anything, and handle all that arrived.
+
+        A request larger than a pipe holds (64 KiB: a function sent with its data) is
+        written as the rank reads it: its command pipe is watched for room while part of
+        it waits, so the rest goes as soon as there is room, not at the next wake-up.
+        """
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        writing = [s.fds["cmd"] for s in self.ranks if s.writer is not None and s.writer.waiting and "cmd" in s.fds]
+        for fd in writing:
+            self._poller.register(fd, select.POLLOUT)
+        try:
+            ready = self._poller.poll(ms)
+        finally:
+            for fd in writing:
+                self._poller.unregister(fd)
+        # Output first: what a rank printed before it replied must appear before the reply.
+        # Factory events last: a rank's reply is written before its exit can be reported.
+        ready.sort(key=self._order)
+        for fd, _ in ready:
+            if fd == self.factory.fileno():
+                self.factory.pump()
+                continue
+            entry = self._by_fd.get(fd)
+            if entry is None:
+                continue
+            state, name = entry
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._close_fd(fd)
+                if name in ("stdout", "stderr"):
+                    self.router.flush(state.rank)
+                continue
+            if name in ("stdout", "stderr"):
+                self.router.feed(state.rank, name, data)
+            elif name == "diag":
+                state.diag += data
+            elif name == "reply":
+                state.reader.feed(data)
+                for reply in state.reader.messages():
+                    self._on_reply(state, reply)
+        for state in self.ranks:
+            if state.writer is not None and state.writer.waiting:
+                try:
+                    state.writer.flush()
+                except OSError:
+                    state.writer = None
+
+    def _order(self, item: tuple[int, int]) -> int:
+        entry = self._by_fd.get(item[0])
+        if entry is None:
+            return 2
+        return 0 if entry[1] in ("stdout", "stderr") else 1
+
+    def _on_reply(self, state: RankState, reply: Ready | Result | Failure) -> None:
+        if isinstance(reply, Ready):
+            state.state = "idle"
+            state.main_thread = reply.main_thread
+            return
+        if state.state == "busy":
+            state.state = "idle"
+        self.events.append(reply)
+
+    def _close_fd(self, fd: int) -> None:
+        try:
+            self._poller.unregister(fd)
+        except KeyError:
+            pass
+        self._by_fd.pop(fd, None)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def send(self, rank: int, request: Request) -> None:
+        """Queue a request for one rank; written as the pipe takes it."""
+        state = self.ranks[rank]
+        if state.writer is None:
+            return
+        try:
+            state.writer.queue(request)
+        except OSError:  # the rank is gone; its exit is reported separately
+            state.writer = None
+
+    def take_events(self) -> list[Result | Failure | Death]:
+        events, self.events = self.events, []
+        return events
+
+    def _last_words(self, death: Death, rid: int | None) -> Failure | Death:
+        """A rank died: the error it sent as it died, if any (its own cause), else the death.
+
+        Reads its reply pipe to the end first, so nothing it sent is missed; other events
+        read meanwhile stay queued.
+        """
+        fd = self.ranks[death.rank].fds.get("reply")
+        deadline = time.monotonic() + 1.0
+        while fd in self._by_fd and time.monotonic() < deadline:
+            self.poll(0.02)
+        last: Failure | Death = death
+        keep = []
+        for event in self.take_events():
+            if isinstance(event, Failure) and event.rank == death.rank and event.id in (rid, None):
+                last = event
+            else:
+                keep.append(event)
+        self.events[:0] = keep
+        return last
+
+    def dump_stacks(self, ranks: list[int], wait: float = 3.0) -> dict[int, str]:
+        """Ask ranks for their Python stacks; returns rank -> faulthandler dump text.
+
+        The dumps usually arrive within milliseconds. ``wait`` is long because the signal
+        goes through the rank factory, which is deaf for a second or two while it does its
+        one idle warm-up import (helpers._runtime.factory_process); a shorter wait then found no stack.
+        """
+        ranks = [r for r in ranks if self.ranks[r].state != "exited"]
+        if not ranks:
+            return {}
+        before = {r: len(self.ranks[r].diag) for r in ranks}
+        self.signal(signal.SIGUSR1, ranks)
+        deadline = time.monotonic() + wait
+
+        def complete(r: int) -> bool:
+            # faulthandler writes a dump line by line, innermost frame first; a rank's main
+            # thread ends with the factory's start-up frame, File "<string>". A pause in the
+            # middle of a dump (a busy machine) must not cut it short: that would lose the
+            # learner's own frame, which comes after torch's.
+            if self.ranks[r].state == "exited":
+                return True
+            text = self.ranks[r].diag[before[r]:]
+            end = text.rfind(_DUMP_END)
+            return end >= 0 and b"\n" in text[end:]
+
+        while time.monotonic() < deadline and not all(complete(r) for r in ranks):
+            self.poll(0.05)
+        return {r: bytes(self.ranks[r].diag[before[r]:]).decode("utf-8", "replace") for r in ranks}
