@@ -139,6 +139,7 @@ def test_readme_keeps_the_two_commands():
 
 def test_the_slug_rules():
     """Are anchors made as GitHub makes them, repeated headings included?"""
-    assert slug("Launchers from a cell: `run`, `start`, `export_script`") == "launchers-from-a-cell-run-start-export_script"
+    assert (slug("Launchers from a cell: `run`, `start`, `export_script`")
+            == "launchers-from-a-cell-run-start-export_script")
     assert slug("For instructors: grading with nbgrader") == "for-instructors-grading-with-nbgrader"
     assert slug("A [linked](x.md) heading") == "a-linked-heading"
