@@ -12,7 +12,7 @@ Colab's servers: ``COURSE_REPO`` (another address to clone, for example ``file:/
 and ``COURSE_HOME`` (where the clone goes; default ``distributed-course`` in the folder the
 notebook starts in, which is ``/content`` on Colab).
 
-Publishing the course: :data:`REPOSITORY` is the learner distribution, the repository
+Publishing the course (docs/instructors.md): :data:`REPOSITORY` is the learner distribution, the repository
 published from what ``make release`` builds (course, helpers and self-checks, without
 solutions or hidden tests), never this instructor repository. Set it to that repository's
 GitHub address, then run ``make course`` and ``make release`` again, so that the

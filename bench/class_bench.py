@@ -20,7 +20,7 @@ every learner got the same score in every run, and what the cheat earned (its pa
 in its own kernel, where no part is decided; the fresh process that decides leaves it out).
 Last, a projection for 100 learners and all nine lessons on a 16-core machine, from this
 run's seconds per submission and the per-lesson seconds of ``bench/grading_bench.py``
-(the README's grading table), stated with its assumptions.
+(the table under "Autograding one learner's submission" in bench/README.md), stated with its assumptions.
 
 Target on 2 cores (issue 24): the 30 learners in at most 5 minutes with ``--jobs 2``.
 """
@@ -48,7 +48,7 @@ from devtools.scratch import GRADER_PATCH, RING_ANSWERS, course_copy, run_instru
 LESSON = "04-ring-all-reduce"
 KINDS = ("correct", "whole_tensor", "deadlock", "crash", "cheat")
 #: Seconds one solution submission of each lesson takes to grade, all stages, alone (--jobs 1) on the
-#: course's 2-core reference machine, for the projection (medians of `bench/grading_bench.py --repeats 3`).
+#: course's 2-core reference machine, for the projection (bench/README.md, "Autograding one learner's submission").
 LESSON_SECONDS = {"00": 4.8, "01": 8.8, "02": 11.1, "03": 10.4, "04": 9.9, "05": 10.9, "06": 10.6, "07": 17.6,
                   "08": 5.4}
 #: The most a class of 30 may take with --jobs 2, in seconds.

@@ -3,8 +3,8 @@
 A temporary copy of the course (COURSE_ROOT) receives six learners' versions of lesson 04
 (its four exercises, from the chunk schedule to the ring all-reduce), one learner's
 version of lesson 03, and two of lesson 02 (the instructor's ring sum, and a ring sum
-worked out alone behind dummy messages), and is graded with `python -m autograder grade`, the command the
-README gives instructors. (That the solution notebooks' hidden tests pass is also checked,
+worked out alone behind dummy messages), and is graded with `python -m autograder grade`,
+the command the instructors' guide (docs/instructors.md, "Grading with nbgrader") gives. (That the solution notebooks' hidden tests pass is also checked,
 faster, by tests/test_notebooks.py; here one lesson-03 learner is enough.)
 """
 

@@ -1,4 +1,4 @@
-"""The README's commands, run the way a learner or an instructor runs them.
+"""The README's `make lab` and the instructors' `make instructor` (docs/instructors.md), run as people run them.
 
 `make lab` and `make instructor` are started as real processes (as whoever runs the tests:
 root in CI and in most containers), and must serve JupyterLab; the instructor's server

@@ -143,5 +143,6 @@ def main(argv: list[str]) -> int:
     archive = out.parent / f"{out.name}.tar.gz"
     print(f"Learner course written to {out} ({len(names)} files, {size / 1e6:.1f} MB) and {archive} "
           f"({archive.stat().st_size / 1e6:.1f} MB).\nPublish the folder as its own git repository, set REPOSITORY "
-          "in autograder/colab.py to its address and run `make course` (see README.md, Publishing the course).")
+          "in autograder/colab.py to its address and run `make course` (see docs/instructors.md, Publishing the "
+          "course).")
     return 0
