@@ -163,7 +163,9 @@ def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, s
 
     With ``setup=True`` (the default) the script creates the process group from the
     environment (``backend``), calls ``fn(rank, world_size, *args)`` and destroys the
-    group. With ``setup=False`` it calls ``fn(*args)`` and leaves everything to ``fn``: for
+    group (its last reference dropped before the interpreter exits, which spares a gloo rank
+    the abort at exit that torch 2.x shows now and then). With ``setup=False`` it calls
+    ``fn(*args)`` and leaves everything to ``fn``: for
     a ``main()`` that sets up its own group. ``args`` must be plain values (numbers,
     strings, lists, ...). Tensors ``fn`` reads from the notebook go to
     ``<script name>_data.pt`` beside the script.
@@ -182,7 +184,9 @@ def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, s
     writer = _Writer(fn, fn.__module__, dict(replace or {}))
     lines = [f'"""{fn.__name__}, exported from a notebook by helpers.export_script.', "",
              f"Run: torchrun --standalone --nproc-per-node=2 {path.name}", '"""', ""]
-    imports = dict.fromkeys(["import os"] + (["import torch.distributed as dist"] if setup else []) + list(writer.imports))
+    setup_imports = ["import torch.distributed as dist",
+                     "import torch.distributed.nn  # noqa: F401 - before any process group exists: see main()"]
+    imports = dict.fromkeys(["import os"] + (setup_imports if setup else []) + list(writer.imports))
     if writer.tensors:
         imports["import torch"] = None
     lines += list(imports)
@@ -204,10 +208,16 @@ def export_script(fn: Callable, path: str | Path, args: Sequence[Any] = (), *, s
                   "    # Set by torchrun (and by torch.distributed.launch --use-env, or a SLURM wrapper).",
                   '    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])',
                   f'    dist.init_process_group("{backend}")  # reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE',
+                  "    world = dist.group.WORLD",
                   "    try:",
                   f"        {fn.__name__}(rank, world_size{', ' + call_args if call_args else ''})",
                   "    finally:",
                   "        dist.destroy_process_group()",
+                  "        # The group's last reference goes here, while Python is whole, so gloo's threads end",
+                  "        # now. Kept until the interpreter's exit (torch.distributed.nn, which DDP imports,",
+                  "        # keeps it in default arguments unless imported before the group exists), their end",
+                  "        # aborted the process now and then.",
+                  "        del world",
                   "", "", 'if __name__ == "__main__":', "    main()", ""]
     else:
         lines += ["", 'if __name__ == "__main__":', f"    {fn.__name__}({call_args})", ""]

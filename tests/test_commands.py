@@ -98,6 +98,10 @@ def test_an_exported_function_runs_under_torchrun(tmp_path):
     text = script.read_text()
     assert 'if __name__ == "__main__":' in text and "dist.destroy_process_group()" in text
     assert "from torch.nn.parallel import DistributedDataParallel as DDP" in text
+    # torch.distributed.nn imported before the group exists, and the group's last reference dropped
+    # after destroy_process_group: otherwise gloo's threads end at exit and abort a rank now and then
+    assert text.index("import torch.distributed.nn") < text.index("dist.init_process_group(")
+    assert text.index("dist.destroy_process_group()") < text.index("del world")
     assert (tmp_path / "train_data.pt").is_file()
     torchrun = Path(sys.executable).with_name("torchrun")
     job = run([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], cwd=tmp_path, timeout=120,
