@@ -66,7 +66,7 @@ def learner_environment(main: dict, env_name: str) -> str:
     pip = "".join(f"      - {p}\n" for p in [*project["dependencies"], *project["optional-dependencies"]["course"]])
     return (
         "# Conda route: run from this folder\n"
-        f"#   conda env create -f environment.yml && conda activate {env_name} && jupyter lab course/\n"
+        f"#   conda env create -f environment.yml && conda activate {env_name} && jupyter lab --allow-root course/\n"
         "# The pip list is pyproject.toml's dependencies and its `course` extra; the last line installs\n"
         "# this folder's packages in editable mode. Written by `python -m autograder release`.\n"
         f"name: {env_name}\nchannels:\n  - conda-forge\ndependencies:\n  - python{floor}\n  - pip\n  - pip:\n"
@@ -147,7 +147,7 @@ container, say) is fine: `make lab` then tells JupyterLab it may.
 ```bash
 conda env create -f environment.yml
 conda activate {env_name}
-jupyter lab course/
+jupyter lab --allow-root course/   # --allow-root: also as root (a container, say)
 ```
 
 **On Google Colab**: open a lesson with the *Open in Colab* badge at its top and run its
