@@ -305,8 +305,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     with tempfile.TemporaryDirectory() as scratch:
         template = Path(scratch) / "gradebook.db"
         shutil.copy2(WORK / "gradebook.db", template)
-        overlap = os.environ.get("COURSE_CLEAN_BESIDE_KERNEL", "1") != "0"
-        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed, overlap=overlap)
+        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed)
                  for student, lesson in pairs]
 
         def done(graded: Graded, retried: list[str]) -> None:

@@ -80,7 +80,6 @@ class Task:
     template: Path  # a gradebook that knows every lesson and no submission
     sandboxed: bool = True
     attempt: int = 1
-    overlap: bool = True  # start the clean re-grade beside the kernel (when a core is free for it)
 
 
 @dataclass
@@ -494,7 +493,7 @@ def grade_submission(task: Task) -> Graded:
     graded = Graded(task.student, task.lesson, str(job.folder), attempt=task.attempt)
     stages = graded.stages
     log: list[str] = [f"== {task.student}/{task.lesson}, try {task.attempt}, work folder {job.folder}"]
-    watch = preprocessors.WATCH = preprocessors.Watch(on_sanitized=job.start_clean if task.overlap else None)
+    watch = preprocessors.WATCH = preprocessors.Watch(on_sanitized=job.start_clean)
     kernel = _Tail()
     try:
         unreadable = _readable(job.work / "submitted" / task.student / task.lesson / f"{task.lesson}.ipynb")
@@ -537,7 +536,7 @@ def grade_submission(task: Task) -> Graded:
                 graded.failure = "learner" if watch.kernel_died else "infrastructure"
                 graded.error = _telling_line(kernel_text, watch.error, done.get("error", ""))
                 return graded
-        if job.clean_process is None:  # not started beside the kernel: now, from the notebook as it was to run
+        if job.clean_process is None:  # no restored copy was seen: now, from the notebook as it was to run
             import nbformat
 
             job.start_clean(watch.sanitized if watch.sanitized is not None else

@@ -76,7 +76,7 @@ class _Server:
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
-        warm = False
+        warm = os.environ.get("HELPERS_WARM_UP") == "now"  # then _preload has done it
         while True:
             ready = poller.poll(None if warm else _WARM_UP_WHEN_IDLE_MS)
             if not ready and not warm:
