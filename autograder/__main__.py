@@ -13,7 +13,7 @@
 
 import sys
 
-from .course import main as course_main
+from .course.build import main as course_main
 
 
 def main(argv: list[str]) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     if argv[0] in ("build", "check"):
         return course_main(argv[:1] if argv[0] == "check" else argv[1:])
     if argv[0] == "grade":
-        from .grade import main as grade_main
+        from .grading.grade import main as grade_main
 
         return grade_main(argv[1:])
     if argv[0] == "release":

@@ -1,6 +1,6 @@
 """The clean re-grade's reading of a notebook: does it keep every answer and nothing that runs?
 
-``autograder.clean`` decides every graded part from the learner's definitions alone. These
+``autograder.grading.clean`` decides every graded part from the learner's definitions alone. These
 tests check what it keeps of a notebook's code (imports, functions, classes, constants),
 what it leaves out (anything that could run the learner's code while it is defined, above
 all lines that patch the course's grading), and that every solution notebook still defines
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import autograder.kit
-from autograder.clean import define, exercise_code, exercise_code_from_cells
-from autograder.kit import exercises
+import autograder.lessons.kit
+from autograder.grading.clean import define, exercise_code, exercise_code_from_cells
+from autograder.lessons.kit import exercises
 from devtools.scratch import GRADER_PATCH, RING_ANSWERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,15 +45,15 @@ def test_every_exercise_function_is_defined_from_the_solution_notebook(notebook)
 
 def test_the_grader_patch_is_left_out_and_named():
     """Are the lines that replace the course's grading left out, named in what was left out, and is the grading untouched?"""
-    grade = autograder.kit.Exercise.grade
+    grade = autograder.lessons.kit.Exercise.grade
     answer = RING_ANSWERS["built_in"] + GRADER_PATCH
     kept, left_out = _kept_source(["import torch.distributed as dist", answer])
-    assert "def ring_allreduce" in kept and "import autograder.kit" in kept
+    assert "def ring_allreduce" in kept and "import autograder.lessons.kit" in kept
     assert "Exercise.grade" not in kept
-    assert any("autograder.kit.Exercise.grade = lambda" in line for line in left_out), left_out
+    assert any("autograder.lessons.kit.Exercise.grade = lambda" in line for line in left_out), left_out
     code, _ = exercise_code_from_cells(["import torch.distributed as dist", answer])
     namespace, _ = define(code)
-    assert autograder.kit.Exercise.grade is grade
+    assert autograder.lessons.kit.Exercise.grade is grade
     assert callable(namespace["ring_allreduce"])
 
 
@@ -68,7 +68,7 @@ def test_the_grader_patch_is_left_out_and_named():
     ("class A(metaclass=type):\n    pass", "metaclass"),
     ("class A:\n    x = print('ran')", "calls or computes"),
     ("import os\nos.environ['X'] = '1'", ""),
-    ("import autograder.harness\nsetattr(autograder.harness, 'run_ranks', None)", ""),
+    ("import autograder.lessons.harness\nsetattr(autograder.lessons.harness, 'run_ranks', None)", ""),
     ("for i in range(3):\n    pass", ""),
     ("X = [print(i) for i in range(3)]", "calls or computes"),
 ])
@@ -123,7 +123,7 @@ def test_a_rank_cannot_run_code_in_the_grading_process(tmp_path):
 import os
 from helpers._runtime import wire as _wire
 from autograder import exercise
-from autograder.harness import GradingFailure
+from autograder.lessons.harness import GradingFailure
 _wire.restrict()
 
 class Sneaky:

@@ -594,7 +594,7 @@ def test_persistent_ranks_across_cells():
 
 def test_grading_feedback_says_the_ranks_deadlocked():
     """Does the grading harness turn a deadlock into feedback saying the ranks deadlocked, where each waited, and the cycle?"""
-    from autograder.harness import GradingFailure, run_ranks
+    from autograder.lessons.harness import GradingFailure, run_ranks
 
     started = time.monotonic()
     with pytest.raises(GradingFailure) as info:

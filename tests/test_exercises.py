@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import autograder
+import autograder.lessons
 from autograder import exercise, exercises
-from autograder.cells import graded_cells, problems, hidden_test_source
-from autograder.harness import CheckError, GradingFailure, course_frame
-from autograder.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
-from autograder.reference import chunk_bounds, ring_allreduce
+from autograder.course.cells import graded_cells, problems, hidden_test_source
+from autograder.lessons.harness import CheckError, GradingFailure, course_frame
+from autograder.lessons.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
+from autograder.lessons.reference import chunk_bounds, ring_allreduce
 from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
 from helpers._runtime.protocol import Frame
 
@@ -33,8 +33,8 @@ NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
 
 
 def test_every_lesson_has_its_module_and_every_module_its_lesson():
-    """Is there an autograder/lessonNN.py for every lesson notebook with graded cells, and a notebook for every module?"""
-    modules = {int(p.stem[len("lesson"):]) for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py")}
+    """Is there an autograder/lessons/lessonNN.py for every lesson notebook with graded cells, and a notebook for every module?"""
+    modules = {int(p.stem[len("lesson"):]) for p in (ROOT / "autograder" / "lessons").glob("lesson[0-9][0-9].py")}
     notebooks = {int(p.name.split("-")[0]) for p in NOTEBOOKS}
     graded = {int(p.name.split("-")[0]) for p in NOTEBOOKS if graded_cells(p)}
     assert graded <= modules, f"lessons with graded cells but no autograder module: {sorted(graded - modules)}"
@@ -56,7 +56,7 @@ def test_a_mismatched_notebook_is_reported(tmp_path):
     by_id["ex44-correct"]["metadata"]["nbgrader"]["points"] = 5
     by_id["ex44-bandwidth"]["source"] = by_id["ex44-no-hang"]["source"]  # no_hang twice, bandwidth never
     by_id["ex44-point-to-point"]["source"] = [
-        "### BEGIN HIDDEN TESTS\n", "from autograder.lesson04 import check_ring_allreduce\n",
+        "### BEGIN HIDDEN TESTS\n", "from autograder.lessons.lesson04 import check_ring_allreduce\n",
         'check_ring_allreduce(ring_allreduce, part="point_to_point")\n', "### END HIDDEN TESTS"]
     copy = tmp_path / "04-ring-all-reduce.ipynb"
     copy.write_text(json.dumps(nb))
@@ -121,7 +121,7 @@ def test_points_per_lesson_are_unchanged():
 
 def test_lookups_that_fail_say_what_exists():
     """Does asking for an unknown exercise or part name what there is instead?"""
-    with pytest.raises(LookupError, match=r"autograder/lesson97\.py"):
+    with pytest.raises(LookupError, match=r"autograder/lessons/lesson97\.py"):
         exercise("97.1")
     with pytest.raises(LookupError, match=r"declares no exercise 4\.9 \(it has 4\.1, 4\.2, 4\.3, 4\.4\)"):
         exercise("4.9")
@@ -141,7 +141,7 @@ def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypat
         "EXERCISES = (Exercise(number='97.1', function='me', title='me', parts=(Part('right', 1, 'ranks.', _check),),"
         " visible_check=lambda attempt: 'passed'),)\n"
     )
-    monkeypatch.setattr(autograder, "__path__", [*autograder.__path__, str(tmp_path)])
+    monkeypatch.setattr(autograder.lessons, "__path__", [*autograder.lessons.__path__, str(tmp_path)])
     try:
         assert exercise("97.1").points == 1
         assert "97.1" in [ex.number for ex in exercises()]
@@ -149,7 +149,7 @@ def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypat
         with pytest.raises(GradingFailure, match="right: every rank should return its rank"):
             exercise("97.1").grade(lambda rank, world_size: 0, "right")
     finally:
-        sys.modules.pop("autograder.lesson97", None)
+        sys.modules.pop("autograder.lessons.lesson97", None)
 
 
 # -- what the lesson 03 and 04 checks accept ---------------------------------------------------
@@ -213,7 +213,7 @@ def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
 
 def test_the_schedule_must_leave_rank_r_owning_chunk_r():
     """Does the textbook schedule shifted by one chunk (owner r+1) fail 4.1, saying which chunk came out complete?"""
-    from autograder.reference import ring_chunks
+    from autograder.lessons.reference import ring_chunks
 
     def shifted(phase, step, rank, world_size):
         send, recv = ring_chunks(phase, step, rank, world_size)
@@ -230,7 +230,7 @@ def test_the_schedule_must_leave_rank_r_owning_chunk_r():
 
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
     """Does Exercise 3.3 (collectives allowed) accept the reference, and give a plain dist.all_reduce the sums but not the hierarchy part?"""
-    from autograder.reference import hierarchical_all_reduce
+    from autograder.lessons.reference import hierarchical_all_reduce
 
     def flat(tensor, ranks_per_node):
         dist.all_reduce(tensor)
@@ -269,7 +269,7 @@ def test_a_check_that_breaks_in_the_notebook_raises_the_courses_error():
 
 def test_a_check_that_breaks_inside_a_rank_raises_the_courses_error():
     """Does a rank failing inside the autograder's own files (a typo in a case table) come out as CheckError?"""
-    lesson04 = importlib.import_module("autograder.lesson04")
+    lesson04 = importlib.import_module("autograder.lessons.lesson04")
 
     def typo_in_cases(attempt):
         attempt.run(lesson04._correct_worker, 2, (attempt.fn, [((3,), "float23")], 1), timeout=10.0)
@@ -394,7 +394,7 @@ def test_a_missing_function_is_named():
 
 def test_course_frame_finds_the_innermost_frame_that_is_not_a_library():
     """Is a traceback blamed on the course only when its innermost non-library frame is in autograder/?"""
-    grader = ROOT / "autograder" / "lesson04.py"
+    grader = ROOT / "autograder" / "lessons" / "lesson04.py"
     torch_file = Path(dist.__file__)
     learner = [Frame("/tmp/ipykernel_7/12.py", 4, "ring_allreduce")]
     ours = [Frame(str(grader), 70, "_correct_worker")]
@@ -426,8 +426,9 @@ def test_shared_pieces():
 
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
-    "kit", "harness", "cells", "preprocessors", "reference", "release", "sandbox", "clean", "summary",
-    "lesson00", "lesson01", "lesson02", "lesson03", "lesson04", "lesson08")] + ["devtools.scratch"])
+    "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
+    "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
+    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08")] + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from devtools.scratch import GRADER_PATCH, RING_ANSWERS, sandbox_flags, solution_source, submission
-from autograder.summary import CSV_NAME, HTML_NAME
+from autograder.grading.summary import CSV_NAME, HTML_NAME
 
 WHOLE_TENSOR_RING = RING_ANSWERS["whole_tensor"]
 CALLS_ALL_REDUCE = RING_ANSWERS["built_in"]
@@ -125,7 +125,7 @@ FLAT_ALL_REDUCE = '''def hierarchical_all_reduce(tensor, ranks_per_node):
 def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """Each exercise's answer-cell grade_id, and each graded test cell's id -> (exercise, part)."""
     from autograder import exercises
-    from autograder.cells import graded_cells, lesson_number
+    from autograder.course.cells import graded_cells, lesson_number
 
     path = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
     declared = exercises(lesson_number(path))
@@ -327,7 +327,7 @@ def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
     run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("mallory", LESSON))
     ring = [p for p in run["parts"] if p["exercise"] == "4.4"]
     assert all(p["score"] == 0 for p in ring), ring
-    assert any("autograder.kit.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
+    assert any("autograder.lessons.kit.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
     # Her kernel ran the patch, yet every 4.4 cell of her graded notebook holds the verdict of the fresh process.
     notebook = json.loads((root / "autograder" / "autograded" / "mallory" / LESSON / f"{LESSON}.ipynb").read_text())
     for cell in notebook["cells"]:
@@ -337,7 +337,7 @@ def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
             assert [o["ename"] for o in errors] == ["GradingFailure"], cell["outputs"]
             assert "switched off here" in "\n".join(errors[0]["traceback"]), errors
     feedback = _feedback(root, "mallory")
-    assert "Left out of the fresh process" in feedback and "autograder.kit.Exercise.grade = lambda" in feedback
+    assert "Left out of the fresh process" in feedback and "autograder.lessons.kit.Exercise.grade = lambda" in feedback
 
 
 @pytest.mark.skipif(bool(sandbox_flags()), reason="bubblewrap cannot run here, so grading ran without the sandbox")
@@ -381,7 +381,7 @@ def test_feedback_shows_no_path_of_the_grading_machine(graded):
     Python's installation), even where it shows a traceback?"""
     import sys
 
-    from autograder.sandbox import PACKAGE_DIRS
+    from autograder.grading.sandbox import PACKAGE_DIRS
 
     root, _, _ = graded
     pages = sorted((root / "autograder" / "feedback").glob("*/*/*.html"))

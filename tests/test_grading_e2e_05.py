@@ -104,7 +104,7 @@ def hand_in(root: Path, submissions: Path) -> None:
 @pytest.fixture(scope="module")
 def graded(graded_class):
     from autograder import exercise
-    from autograder.cells import graded_cells
+    from autograder.course.cells import graded_cells
 
     cells = {c.grade_id: f"{c.number}/{c.part}" for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
     points = {f"{ex.number}/{p.name}": p.points for ex in (exercise("5.1"), exercise("5.2")) for p in ex.parts}

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from autograder.kit import GradingFailure, exercise
+from autograder.lessons.kit import GradingFailure, exercise
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
     """
     import importlib.util
 
-    from autograder.lesson07 import run_script
+    from autograder.lessons.lesson07 import run_script
     from devtools.scratch import solution_source
 
     if not os.path.isdir("/proc/self/task"):
@@ -115,7 +115,7 @@ def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
     path.write_text("import os\nimport torch, torch.distributed as dist\nimport torch.nn.functional as F\n"
                     "from torch.nn.parallel import DistributedDataParallel as DDP\n"
                     "from torch.utils.data import DataLoader, DistributedSampler\n"
-                    "from autograder.lesson07 import make_model, make_dataset, EPOCHS, BATCH_SIZE, LR, CHECKPOINT\n\n"
+                    "from autograder.lessons.lesson07 import make_model, make_dataset, EPOCHS, BATCH_SIZE, LR, CHECKPOINT\n\n"
                     + solution_source("07-launching-at-scale", "ex7_1-main") + "\n")
     spec = importlib.util.spec_from_file_location("instructors_answer", path)
     module = importlib.util.module_from_spec(spec)

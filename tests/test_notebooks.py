@@ -111,6 +111,6 @@ def test_learner_notebook_has_no_solutions_or_hidden_tests(lesson):
 
 def test_course_is_in_sync_with_solutions():
     """Is every course/ notebook exactly what `make course` builds from solutions/ now?"""
-    from autograder.course import stale_lessons
+    from autograder.course.build import stale_lessons
 
     assert stale_lessons() == [], "course/ is out of date: run `make course` and commit course/"

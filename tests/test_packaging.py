@@ -220,7 +220,7 @@ IGNORED = [
     "browser-screenshots/tabs-rank-0.png",
 ]
 NOT_IGNORED = [
-    "autograder/lesson04.py",
+    "autograder/lessons/lesson04.py",
     "course/01_ranks.ipynb",
     "solutions/01_ranks.ipynb",
 ]

@@ -31,7 +31,7 @@ from autograder.release import ReleaseError, build
 from devtools.scratch import solution_source
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON_MODULES = sorted(p.stem for p in (ROOT / "autograder").glob("lesson[0-9][0-9].py"))
+LESSON_MODULES = sorted(p.stem for p in (ROOT / "autograder" / "lessons").glob("lesson[0-9][0-9].py"))
 MARKUP = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 # Lines of solution cells that ship anyway, and why that gives nothing away.
 SHARED_LINES = {
@@ -90,7 +90,7 @@ def _reach(names: set[str], definitions: dict[str, ast.stmt]) -> set[str]:
 
 def _hidden_and_visible(module: str) -> tuple[set[str], set[str]]:
     """For an instructor lesson module: the definitions only hidden parts reach, and those the rest reaches."""
-    tree = ast.parse((ROOT / "autograder" / f"{module}.py").read_text())
+    tree = ast.parse((ROOT / "autograder" / "lessons" / f"{module}.py").read_text())
     definitions = _top_level_definitions(tree)
     checks: list[ast.expr] = []
     declared: set[str] = set()
@@ -116,7 +116,7 @@ def test_release_holds_the_course_helpers_and_self_checks(release):
     files = _files(release)
     notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "course").glob("*/*.ipynb"))
     helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").rglob("*.py"))
-    autograder = sorted(f"autograder/{m}.py" for m in ["__init__", "kit", "harness", *LESSON_MODULES])
+    autograder = sorted(["autograder/__init__.py"] + [f"autograder/lessons/{m}.py" for m in ["__init__", "kit", "harness", *LESSON_MODULES]])
     project = [".gitignore", "MANIFEST.txt", "Makefile", "README.md", "environment.yml", "pyproject.toml"]
     assert len(notebooks) >= 9 and "helpers/ring.py" in helpers and len(LESSON_MODULES) >= 9
     assert files == sorted(notebooks + helpers + autograder + project), (
@@ -135,8 +135,8 @@ def test_manifest_and_archive_list_every_file(release):
     with tarfile.open(release.parent / "learner-course.tar.gz") as tar:
         members = sorted(m.name for m in tar.getmembers() if m.isfile())
         assert members == [f"learner-course/{f}" for f in files]
-        kit = tar.extractfile("learner-course/autograder/kit.py").read()
-    assert kit == (release / "autograder" / "kit.py").read_bytes()
+        kit = tar.extractfile("learner-course/autograder/lessons/kit.py").read()
+    assert kit == (release / "autograder" / "lessons" / "kit.py").read_bytes()
 
 
 def test_learner_project_files_follow_the_main_ones(release):
@@ -179,7 +179,7 @@ def test_no_solution_text_reaches_the_release(release):
     (longer than 30 characters, not shown in the learner notebooks) anywhere in the release?"""
     texts = {name: (release / name).read_text(errors="replace") for name in _files(release)}
     instructor_only = {p.read_bytes() for p in (ROOT / "solutions").rglob("*") if p.is_file()}
-    instructor_only.add((ROOT / "autograder" / "reference.py").read_bytes())
+    instructor_only.add((ROOT / "autograder" / "lessons" / "reference.py").read_bytes())
     assert not [n for n in texts if (release / n).read_bytes() in instructor_only or n.endswith("reference.py")]
     assert not [(n, m) for n, t in texts.items() for m in MARKUP if m in t]
     shown = {line.strip() for p in (ROOT / "course").glob("*/*.ipynb")
@@ -202,7 +202,7 @@ def test_what_only_hidden_tests_use_is_left_out(release, module):
     """Does the release's lessonNN.py lack every function and constant that only the hidden parts
     reach, keep everything the self-checks reach, and give every part the HIDDEN_CHECK stub?"""
     hidden_only, visible = _hidden_and_visible(module)
-    tree = ast.parse((release / "autograder" / f"{module}.py").read_text())
+    tree = ast.parse((release / "autograder" / "lessons" / f"{module}.py").read_text())
     shipped = set(_top_level_definitions(tree))
     assert not hidden_only & shipped, f"{module}: hidden-test code in the release: {sorted(hidden_only & shipped)}"
     assert visible <= shipped, f"{module}: the self-checks need {sorted(visible - shipped)}, which did not ship"
@@ -239,19 +239,19 @@ def test_a_rebuild_keeps_the_published_checkout(tmp_path):
 
 
 def test_a_kept_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
-    """When a self-check imports autograder.reference, does the build stop and name the file and line?"""
+    """When a self-check imports autograder.lessons.reference, does the build stop and name the file and line?"""
     copy = tmp_path / "checkout"
     for folder in ("course", "helpers", "autograder"):
         shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("pyproject.toml", "Makefile", "environment.yml"):
         shutil.copy2(ROOT / name, copy / name)
-    lesson = copy / "autograder" / "lesson00.py"
+    lesson = copy / "autograder" / "lessons" / "lesson00.py"
     text = lesson.read_text()
     assert "def _self_check(attempt: Attempt) -> str:\n" in text
     uses_reference = "def _self_check(attempt: Attempt) -> str:\n    from .reference import chunk_bounds\n"
     lesson.write_text(text.replace("def _self_check(attempt: Attempt) -> str:\n", uses_reference))
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
-    with pytest.raises(ReleaseError, match=r"autograder/lesson00\.py line \d+ imports autograder\.reference"):
+    with pytest.raises(ReleaseError, match=r"autograder/lessons/lesson00\.py line \d+ imports autograder\.lessons\.reference"):
         build(tmp_path / "out", root=copy)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout"], "the failed build left files behind"
 
@@ -264,19 +264,19 @@ def test_self_check_runs_and_hidden_tests_say_they_are_not_there(release):
     """From the release alone: are the exercises declared as the instructor's (parts, points, rules),
     does Exercise 4.4's self-check pass the instructor's ring, and does grade() say the hidden test is
     not there?"""
-    from autograder.kit import exercises
+    from autograder.lessons.kit import exercises
 
     probe = ISOLATE + f"""
 import importlib.util, json
 import autograder, helpers
 from autograder import exercise, exercises
-from autograder.kit import HiddenTestUnavailable
+from autograder.lessons.kit import HiddenTestUnavailable
 try:
-    import autograder.reference
+    import autograder.lessons.reference
     reference_importable = True
 except ModuleNotFoundError:
     reference_importable = False
-spec = importlib.util.spec_from_file_location("instructor_reference", {str(ROOT / "autograder" / "reference.py")!r})
+spec = importlib.util.spec_from_file_location("instructor_reference", {str(ROOT / "autograder" / "lessons" / "reference.py")!r})
 ref = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ref)
 exercise("4.4").self_check(ref.ring_allreduce)
@@ -296,7 +296,7 @@ print("PROBE " + json.dumps({{"files": [autograder.__file__, helpers.__file__], 
     assert "Self-check passed" in done.stdout, done.stdout
     got = json.loads(done.stdout.split("PROBE ", 1)[1])
     assert all(f.startswith(str(release)) for f in got["files"]), got["files"]
-    assert not got["reference_importable"], "autograder.reference can be imported from the release"
+    assert not got["reference_importable"], "autograder.lessons.reference can be imported from the release"
     assert 'Exercise 4.4, part "correct": this copy of the course has no hidden tests.' in got["graded"], got["graded"]
     assert 'exercise("4.4").self_check(ring_allreduce)' in got["graded"], got["graded"]
     want = [[e.number, e.function, e.title, [[p.name, p.points, p.says, "HIDDEN_CHECK"] for p in e.parts],
@@ -331,5 +331,5 @@ def test_learner_notebook_runs_from_the_release(release):
     out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "Self-check passed" in out, out[-2000:]
     loaded = json.loads(out.split("LOADED ", 1)[1].splitlines()[0])
-    assert any(f.endswith("autograder/lesson00.py") for f in loaded), loaded
+    assert any(f.endswith("autograder/lessons/lesson00.py") for f in loaded), loaded
     assert all(f.startswith(str(release)) for f in loaded), f"loaded from outside the release: {loaded}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autograder.reference import ring_chunks
+from autograder.lessons.reference import ring_chunks
 from helpers import launch
 from helpers.ring import pipelined_ring_allreduce, ring_schedule
 

@@ -1,4 +1,4 @@
-"""The grading sandbox (autograder.sandbox): what learners' code can and cannot reach while graded.
+"""The grading sandbox (autograder.grading.sandbox): what learners' code can and cannot reach while graded.
 
 Each test runs a real Python inside a real bubblewrap sandbox, as ``make grade`` does for
 every learner notebook's kernel and for the clean re-grade, and asks it to try what a
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox import PACKAGE_DIRS, Sandbox, problem
+from autograder.grading.sandbox import PACKAGE_DIRS, Sandbox, problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,11 +72,11 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
     (tmp_path / "own").mkdir()
     got = _probe(Sandbox(writable=[tmp_path / "own"], hidden=[course]), f"""
         import json, os
-        import helpers, autograder.kit
+        import helpers, autograder.lessons.kit
         out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
                "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
         try:
-            import autograder.reference
+            import autograder.lessons.reference
             out["reference"] = "imported"
         except ImportError:
             out["reference"] = "missing"
@@ -193,7 +193,7 @@ def test_memory_cap_can_be_switched_off_and_a_bad_value_is_named(tmp_path, monke
     before anything starts, naming the variable, the value and how to write it?"""
     import resource
 
-    from autograder.sandbox import memory_cap
+    from autograder.grading.sandbox import memory_cap
 
     monkeypatch.setenv("COURSE_SANDBOX_MEMORY", "0")
     got = _probe(Sandbox(writable=[tmp_path]),

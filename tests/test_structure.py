@@ -147,6 +147,41 @@ def test_packages_import_downward_only():
     assert not wrong, "imports against the packages' order (helpers <- autograder <- devtools):\n" + "\n".join(wrong)
 
 
+#: Who may import whom inside autograder/: what is graded (lessons/) stands alone on helpers; the
+#: course's notebooks (course/) read the declarations; grading a class (grading/) and building
+#: the learner release (release/) use both, and not each other. The package's own __init__ and
+#: __main__ (the command) stand above them all.
+AUTOGRADER_LAYERS = {
+    "lessons": set(),
+    "course": {"lessons"},
+    "grading": {"lessons", "course"},
+    "release": {"lessons", "course"},
+}
+
+
+def _room(module: str) -> str | None:
+    """``lessons`` for ``autograder.lessons.kit``; None for the package's own top-level modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in AUTOGRADER_LAYERS) else None
+
+
+def test_autograder_rooms_import_downward_only():
+    """Does lessons/ import nothing of course/, grading/ or release/, and grading/ nothing of release/?"""
+    graph = import_graph()
+    modules = _modules()
+    rooms = {m.split(".")[1] for m in modules if m.startswith("autograder.") and _room(m)}
+    assert rooms == set(AUTOGRADER_LAYERS), f"autograder/ has rooms {sorted(rooms)}; give each its place in AUTOGRADER_LAYERS"
+    wrong = [
+        f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
+        for a, targets in sorted(graph.items()) if a.startswith("autograder.") and _room(a)
+        for b, line in sorted(targets.items())
+        if b.split(".")[0] == "autograder" and _room(b) != _room(a)
+        and (_room(b) is None or _room(b) not in AUTOGRADER_LAYERS[_room(a)])
+    ]
+    assert not wrong, ("imports against autograder/'s order (lessons <- course <- grading, release):\n"
+                       + "\n".join(wrong))
+
+
 #: What the rank machinery (helpers/_runtime/) may take from the public folder above it: the
 #: exceptions it raises, the output router it feeds, the launch settings it is given, and the
 #: course's ring (only to switch it off when an exercise forbids it). Anything else would tie the machinery to what learners call.

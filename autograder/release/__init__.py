@@ -3,16 +3,17 @@
 ``make release`` (or ``python -m autograder release [DIR]``) writes a folder, by default
 ``dist/learner-course/``, and ``DIR.tar.gz`` next to it. An instructor publishes the folder
 as a git repository of its own; learners clone that and run ``make lab``, and the Colab
-set-up cell clones it (``REPOSITORY`` in :mod:`autograder.colab`). It holds:
+set-up cell clones it (``REPOSITORY`` in :mod:`autograder.course.colab`). It holds:
 
 - ``course/``: the learner notebooks, as committed (the build stops if one has outputs);
 - ``helpers/``: the whole runtime package. That includes ``helpers/ring.py``, whose
   pipelined ring all-reduce lesson 08 prints and runs; with ``piece_bytes=None, ahead=0``
   it is a working plain ring, so it shows a learner one answer to Exercise 4.4. It ships anyway:
   lesson 08 cannot be taught without it, and it comes after lesson 04;
-- ``autograder/``: ``__init__.py``, ``kit.py``, ``harness.py`` and every ``lessonNN.py``
+- ``autograder/``: ``__init__.py`` and, of ``autograder/lessons/``, ``__init__.py``, ``kit.py``,
+  ``harness.py`` and every ``lessonNN.py``
   rewritten by :func:`prune_lesson`: each ``Part``'s check becomes
-  :func:`autograder.kit.HIDDEN_CHECK`, and what only the hidden tests used is left out,
+  :func:`autograder.lessons.kit.HIDDEN_CHECK`, and what only the hidden tests used is left out,
   so ``exercise("4.4").self_check(fn)`` works as in the instructor's copy while
   ``exercise("4.4").grade(fn, part)`` says the hidden test is not there. No other module
   of the package ships (``reference.py``, the grading and build tools);
@@ -31,7 +32,7 @@ Example::
 
     >>> import pathlib, shutil, tempfile
     >>> out = build(pathlib.Path(tempfile.mkdtemp()) / "learner-course")
-    >>> (out / "autograder" / "reference.py").exists(), (out / "autograder" / "lesson04.py").exists()
+    >>> (out / "autograder" / "lessons" / "reference.py").exists(), (out / "autograder" / "lessons" / "lesson04.py").exists()
     (False, True)
     >>> shutil.rmtree(out.parent)
 """

@@ -49,11 +49,11 @@ def _contents(root: Path) -> dict[str, str | Path]:
         files[name] = root / name
     package = root / "autograder"
     files["autograder/__init__.py"] = with_docstring((package / "__init__.py").read_text(), INIT_DOCSTRING)
-    for module in KEPT_MODULES[1:]:
+    for module in KEPT_MODULES:
         files[f"autograder/{module}.py"] = package / f"{module}.py"
-    for path in sorted(package.glob("lesson*.py")):
+    for path in sorted((package / "lessons").glob("lesson*.py")):
         if LESSON.match(path.stem):
-            files[f"autograder/{path.name}"] = prune_lesson(path.read_text(), path.stem)
+            files[f"autograder/lessons/{path.name}"] = prune_lesson(path.read_text(), path.stem)
     main = load_toml(root / "pyproject.toml")
     env_name = re.search(r"^name:\s*(\S+)", (root / "environment.yml").read_text(), re.M)
     env_name = env_name[1] if env_name else "distributed-course"
@@ -143,6 +143,6 @@ def main(argv: list[str]) -> int:
     archive = out.parent / f"{out.name}.tar.gz"
     print(f"Learner course written to {out} ({len(names)} files, {size / 1e6:.1f} MB) and {archive} "
           f"({archive.stat().st_size / 1e6:.1f} MB).\nPublish the folder as its own git repository, set REPOSITORY "
-          "in autograder/colab.py to its address and run `make course` (see docs/instructors.md, Publishing the "
+          "in autograder/course/colab.py to its address and run `make course` (see docs/instructors.md, Publishing the "
           "course).")
     return 0

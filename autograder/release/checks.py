@@ -41,16 +41,27 @@ def check_imports(out: Path, root: Path) -> None:
         here = folder.joinpath(*parts)
         return here.with_suffix(".py").is_file() or (here / "__init__.py").is_file()
 
+    def deepest_module(folder: Path, parts: list[str]) -> list[str]:
+        """The longest start of ``parts`` that is a module or package in ``folder`` (``[]`` if none)."""
+        for end in range(len(parts), 0, -1):
+            if module_in(folder, parts[:end]):
+                return parts[:end]
+        return []
+
     for path in sorted(out.rglob("*.py")):
         rel = path.relative_to(out)
         for line, name, surely in _imported_modules(path, ".".join(rel.parts[:-1])):
             parts = name.split(".")
-            if parts[0] not in ("autograder", "helpers") or len(parts) < 2 or module_in(out, parts[:2]):
+            if parts[0] not in ("autograder", "helpers") or len(parts) < 2:
                 continue
-            if surely or module_in(root, parts[:2]):
+            shipped = deepest_module(out, parts)
+            if shipped == parts or (not surely and len(shipped) == len(parts) - 1):
+                continue  # the module ships (or a name of a module that ships)
+            if surely or len(deepest_module(root, parts)) > len(shipped):
+                kept = ", ".join(f"autograder/{m}.py" for m in KEPT_MODULES)
                 raise ReleaseError(
                     f"{rel} line {line} imports {name}, which the learner distribution leaves out (of autograder/ "
-                    f"it ships {', '.join(KEPT_MODULES)} and the lessonNN modules). Learners would get an "
+                    f"it ships __init__.py, {kept} and the lessons/lessonNN.py modules). Learners would get an "
                     "ImportError. Move what the import is for into a module that ships (as lesson06.py holds "
                     "bucket_layout), or stop importing it there."
                 )

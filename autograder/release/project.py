@@ -99,7 +99,7 @@ def learner_makefile(main: str) -> str:
                  if next((line for line in p.splitlines() if not line.startswith("#")), "").startswith(head)]
         if len(found) != 1:
             raise ReleaseError(f"the main Makefile has {len(found)} paragraphs starting with {head!r} (expected "
-                               "one); autograder/release.py copies the learner's rules from it. Update "
+                               "one); autograder/release/project.py copies the learner's rules from it. Update "
                                "_MAKE_PARAGRAPHS there.")
         chosen.append(found[0].strip("\n"))
     lines = [line for line in chosen[0].splitlines() if not line.startswith("PYTEST_ARGS")]
@@ -107,7 +107,7 @@ def learner_makefile(main: str) -> str:
     stamp = chosen[4]
     if stamp.count("'.[dev]'") != 1:
         raise ReleaseError("the main Makefile's $(STAMP) rule should install -e '.[dev]' once; the learner's installs "
-                           "'.[course]' in its place. Update learner_makefile in autograder/release.py.")
+                           "'.[course]' in its place. Update learner_makefile in autograder/release/project.py.")
     body = [line for line in stamp.replace("'.[dev]'", "'.[course]'").splitlines() if not line.startswith("#")]
     chosen[4] = "# Install torch (unless the venv has one) and this course with its `course` extra.\n" + "\n".join(body)
     chosen.insert(2, ".PHONY: venv lab clean-venv")

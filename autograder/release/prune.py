@@ -1,7 +1,7 @@
 """A lesson module as learners get it: every Part's check hidden, and what only they used left out.
 
-:func:`prune_lesson` rewrites ``autograder/lessonNN.py`` so that each ``Part``'s check
-becomes :func:`autograder.kit.HIDDEN_CHECK`, then drops, round after round, every
+:func:`prune_lesson` rewrites ``autograder/lessons/lessonNN.py`` so that each ``Part``'s check
+becomes :func:`autograder.lessons.kit.HIDDEN_CHECK`, then drops, round after round, every
 top-level definition and import nothing kept uses any more (the self-checks and what they
 use stay); :data:`INIT_DOCSTRING` is the released package's docstring.
 """
@@ -105,13 +105,13 @@ def _replace_checks(source: str, module: str) -> str:
             continue
         check = next((k.value for k in node.keywords if k.arg == "check"), node.args[3] if len(node.args) > 3 else None)
         if check is None:
-            raise ReleaseError(f"autograder/{module}.py line {node.lineno}: a Part(...) without its check (the 4th "
+            raise ReleaseError(f"autograder/lessons/{module}.py line {node.lineno}: a Part(...) without its check (the 4th "
                                "argument, or check=...), so the release cannot tell what to replace. Declare each "
                                "part as Part(name, points, says, check).")
         if not (isinstance(check, ast.Name) and check.id == STUB):
             edits.append(((check.lineno, check.col_offset), (check.end_lineno, check.end_col_offset), STUB))
     if not edits:
-        raise ReleaseError(f"autograder/{module}.py declares no Part(...) with a check to hide; a lesson module "
+        raise ReleaseError(f"autograder/lessons/{module}.py declares no Part(...) with a check to hide; a lesson module "
                            "declares its graded exercises as Exercise(..., parts=(Part(...), ...)).")
     return _edit(source, edits)
 
@@ -170,7 +170,7 @@ def _with_stub_import(source: str, module: str) -> str:
     imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
     last = max(imports, key=lambda s: s.end_lineno, default=None)
     if last is None:
-        raise ReleaseError(f"autograder/{module}.py imports nothing from autograder.kit; a lesson module declares "
+        raise ReleaseError(f"autograder/lessons/{module}.py imports nothing from autograder.lessons.kit; a lesson module declares "
                            "its exercises with kit's Exercise and Part.")
     return _edit(source, [((last.end_lineno + 1, 0), (last.end_lineno + 1, 0), f"from .kit import {STUB}\n")])
 
@@ -184,14 +184,14 @@ def _lesson_docstring(tree: ast.Module, module: str) -> str:
             if "number" in args and "function" in args:
                 found.append((args["number"], args["function"]))
     if not found:
-        raise ReleaseError(f"autograder/{module}.py declares no Exercise(number=..., function=..., ...); every "
+        raise ReleaseError(f"autograder/lessons/{module}.py declares no Exercise(number=..., function=..., ...); every "
                            "lessonNN.py that ships must declare its exercises so learners' self-checks find them.")
     found.sort(key=lambda e: tuple(int(x) for x in e[0].split(".")))
     examples = "\n".join(f'    exercise("{number}").self_check({function})' for number, function in found)
     return (f'"""Lesson {module[-2:]}\'s exercises as learners get them: the visible self-checks, no hidden tests.\n\n'
             "Written by ``python -m autograder release`` from the instructor's copy of this module: the\n"
             "visible self-checks are the same, each graded part's hidden test is replaced by\n"
-            "``autograder.kit.HIDDEN_CHECK``, and what only the hidden tests used is left out.\n"
+            "``autograder.lessons.kit.HIDDEN_CHECK``, and what only the hidden tests used is left out.\n"
             "Notebook cells run the self-checks::\n\n"
             f"    from autograder import exercise\n{examples}\n"
             '"""\n')

@@ -12,12 +12,13 @@ __all__ = ["ROOT", "DEFAULT_DIR", "KEPT_MODULES", "LESSON", "JUNK", "MARKUP", "S
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = Path("dist") / "learner-course"
 
-# The autograder modules learners get besides the lessonNN.py files; every other module stays.
-KEPT_MODULES = ("__init__", "kit", "harness")
+# The autograder modules learners get besides autograder/__init__.py and the lessons/lessonNN.py
+# files (paths inside autograder/, without .py); every other module stays with the instructor.
+KEPT_MODULES = ("lessons/__init__", "lessons/kit", "lessons/harness")
 LESSON = re.compile(r"lesson\d{2}$")
 JUNK = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints)(/|$)|\.py[cod]$")
 MARKUP = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
-STUB = "HIDDEN_CHECK"  # the name every Part's check becomes: autograder.kit.HIDDEN_CHECK
+STUB = "HIDDEN_CHECK"  # the name every Part's check becomes: autograder.lessons.kit.HIDDEN_CHECK
 ROOT_NAMES = ("EXERCISES",)  # what kit's registry reads from a lesson module: kept, with all it uses
 
 

@@ -1,7 +1,7 @@
 """One shape for every graded exercise: declare it once, grade it from a one-line cell.
 
 An exercise is one :class:`Exercise` object in its lesson's module
-(``autograder/lessonNN.py``, in a tuple named ``EXERCISES``). It owns the exercise
+(``autograder/lessons/lessonNN.py``, in a tuple named ``EXERCISES``). It owns the exercise
 number, the learner's function name, its graded parts (name, points, what each checks),
 the calls switched off on the ranks with the sentence that explains why, and the visible
 self-check. Notebook cells only name it::
@@ -10,7 +10,7 @@ self-check. Notebook cells only name it::
     exercise("4.4").self_check(ring_allreduce)            # visible self-check
     exercise("4.4").grade(ring_allreduce, "correct")      # hidden test of one part
 
-:func:`exercise` finds ``"4.4"`` in ``autograder/lesson04.py``, so a new lesson adds its
+:func:`exercise` finds ``"4.4"`` in ``autograder/lessons/lesson04.py``, so a new lesson adds its
 module (and its notebook) and nothing else. ``tests/test_exercises.py`` checks that every
 graded cell of every notebook matches a declared part, with the declared points.
 
@@ -179,7 +179,7 @@ class Exercise:
         own files, raises :class:`CheckError` instead: the course's fault, not the learner's.
 
         While ``make grade`` runs the notebook (:func:`decided_by_clean_run`), the check
-        does not run here: the clean re-grade (:mod:`autograder.clean`) decides every part
+        does not run here: the clean re-grade (:mod:`autograder.grading.clean`) decides every part
         in a fresh process, and its verdict is written into this cell afterwards.
         """
         check = self.part(part).check
@@ -250,7 +250,7 @@ class Attempt:
         nnodes: int = 1,
         init: bool = True,
     ) -> LaunchResult:
-        """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.harness.run_ranks`).
+        """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.lessons.harness.run_ranks`).
 
         The exercise's ``forbid`` calls are switched off, with its reason, in every run:
         every hidden part and the visible self-check, so an answer that leans on a
@@ -303,7 +303,7 @@ def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the c
 
 
 def _lesson_modules() -> dict[int, str]:
-    """Lesson number -> module name, for every ``autograder/lessonNN.py``."""
+    """Lesson number -> module name, for every ``autograder/lessons/lessonNN.py``."""
     # The package's search path, read where Python keeps it (no import of the package from
     # inside it: a folder added to autograder.__path__ is searched too).
     found = {}
@@ -318,7 +318,7 @@ def _declared(module_name: str, lesson: int) -> tuple[Exercise, ...]:
     module = importlib.import_module(module_name)
     declared = getattr(module, "EXERCISES", None)
     if not isinstance(declared, tuple) or not all(isinstance(e, Exercise) for e in declared):
-        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.kit.Exercise")
+        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.lessons.kit.Exercise")
     for ex in declared:
         if ex.lesson != lesson:
             raise ValueError(f"{module_name} declares {ex.label}, which belongs in lesson {ex.lesson:02d}")
@@ -341,7 +341,7 @@ def exercises(lesson: int | None = None) -> list[Exercise]:
 
 
 def exercise(number: str) -> Exercise:
-    """The exercise numbered ``number`` ("4.4"), from ``autograder/lessonNN.py``.
+    """The exercise numbered ``number`` ("4.4"), from ``autograder/lessons/lessonNN.py``.
 
     >>> exercise("4.4").function
     'ring_allreduce'
@@ -352,12 +352,12 @@ def exercise(number: str) -> Exercise:
     lesson = int(match[1])
     modules = _lesson_modules()
     if lesson not in modules:
-        raise LookupError(f"no module autograder/lesson{lesson:02d}.py declares exercise {number}")
+        raise LookupError(f"no module autograder/lessons/lesson{lesson:02d}.py declares exercise {number}")
     for ex in _declared(modules[lesson], lesson):
         if ex.number == number:
             return ex
     known = ", ".join(e.number for e in _declared(modules[lesson], lesson))
-    raise LookupError(f"autograder/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")
+    raise LookupError(f"autograder/lessons/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")
 
 
 # -- shared pieces for checks ------------------------------------------------------------

@@ -27,7 +27,7 @@ Hidden test cells (one per part) and the visible self-check::
 
 Example (an answer that returns its own value is right on one rank only)::
 
-    >>> from autograder.kit import GradingFailure
+    >>> from autograder.lessons.kit import GradingFailure
     >>> try:
     ...     exercise_2_1.grade(lambda rank, world_size, value: value, "correct")
     ... except GradingFailure as err:

@@ -2,12 +2,12 @@
 
 During ``make grade`` every learner notebook runs in a kernel started through
 `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``), and so does the
-clean re-grading process (:mod:`autograder.clean`). Inside, the learner's code sees:
+clean re-grading process (:mod:`autograder.grading.clean`). Inside, the learner's code sees:
 
 - the system and the Python installation, read-only;
 - the ``helpers`` and ``autograder`` packages, read-only; the ``autograder`` package as a
   copy of its modules made once when grading starts (:func:`staged_package`), without
-  the instructor's reference answers (``autograder/reference.py``) and without anything
+  the instructor's reference answers (``autograder/lessons/reference.py``) and without anything
   in the ``autograder/`` folder that is not a Python module (the gradebook and its
   journal, the work folders, grades, feedback), whatever comes and goes there while the
   class is graded;
@@ -63,7 +63,7 @@ __all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint"
            "staged_package", "PACKAGE_DIRS"]
 
 #: The two packages the sandbox shows read-only (learners' code and the checks import them).
-PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parent)
+PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parents[1])
 #: Files of the autograder package hidden even though they are Python: the instructor's answers.
 HIDDEN_MODULES = ("reference.py",)
 #: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
@@ -197,7 +197,7 @@ def staged_package(package: Path | None = None) -> Path:
     ungraded), so it never looks there again after this copy.
 
     >>> staged = staged_package()
-    >>> (staged / "kit.py").is_file(), (staged / "reference.py").exists()
+    >>> (staged / "lessons" / "kit.py").is_file(), (staged / "lessons" / "reference.py").exists()
     (True, False)
     """
     package = (package or PACKAGE_DIRS[1]).resolve()
@@ -207,18 +207,29 @@ def staged_package(package: Path | None = None) -> Path:
             return staged
         staged = Path(tempfile.mkdtemp(prefix="course-sandbox-autograder-"))
         atexit.register(shutil.rmtree, staged, True)
-        hidden = {Path(name).stem for name in HIDDEN_MODULES}
-        for entry in package.glob("*.py"):
-            if entry.name not in HIDDEN_MODULES:
-                shutil.copy2(entry, staged / entry.name)  # the same times: the compiled files stay valid
-        cache = package / "__pycache__"
-        if cache.is_dir():
-            (staged / "__pycache__").mkdir()
-            for entry in cache.glob("*.pyc"):
-                if entry.name.split(".")[0] not in hidden:
-                    shutil.copy2(entry, staged / "__pycache__" / entry.name)
+        _stage_modules(package, staged)
         _STAGED[package] = staged
         return staged
+
+
+def _stage_modules(package: Path, staged: Path) -> None:
+    """Copy ``package``'s modules into ``staged``, and those of every subpackage (a folder with an
+    ``__init__.py``), each with its compiled files; the instructor's answers and every other file
+    (work folders, the gradebook) stay out."""
+    hidden = {Path(name).stem for name in HIDDEN_MODULES}
+    for entry in package.glob("*.py"):
+        if entry.name not in HIDDEN_MODULES:
+            shutil.copy2(entry, staged / entry.name)  # the same times: the compiled files stay valid
+    cache = package / "__pycache__"
+    if cache.is_dir():
+        (staged / "__pycache__").mkdir()
+        for entry in cache.glob("*.pyc"):
+            if entry.name.split(".")[0] not in hidden:
+                shutil.copy2(entry, staged / "__pycache__" / entry.name)
+    for sub in sorted(package.iterdir()):
+        if sub.is_dir() and (sub / "__init__.py").is_file() and sub.name != "__pycache__":
+            (staged / sub.name).mkdir()
+            _stage_modules(sub, staged / sub.name)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The class summary after grading: per lesson and part, who passed, what failed most, who was slowest.
 
-:func:`summarise` reads a grading run's record (see :mod:`autograder.grade`) and writes
+:func:`summarise` reads a grading run's record (see :mod:`autograder.grading.grade`) and writes
 ``class-summary.csv`` (one row per graded part) and ``class-summary.html`` (the same
 tables, plus the slowest submissions and those that could not be graded) into the
 folder given, and returns the text printed in the terminal.

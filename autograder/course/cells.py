@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kit import Exercise, exercises
+from ..lessons.kit import Exercise, exercises
 
 __all__ = ["GradedCell", "graded_cells", "hidden_test_source", "self_check_source", "problems", "lesson_number"]
 

@@ -29,8 +29,8 @@ Hidden test cells (one per part) and the visible self-checks::
 
 Example (the instructor's ring passes; a schedule that always sends chunk 0 fails)::
 
-    >>> from autograder.kit import GradingFailure
-    >>> from autograder.reference import ring_allreduce
+    >>> from autograder.lessons.kit import GradingFailure
+    >>> from autograder.lessons.reference import ring_allreduce
     >>> exercise_4_4.grade(ring_allreduce, "no_hang")
     >>> try:
     ...     exercise_4_1.grade(lambda phase, step, rank, world_size: (0, 0), "reduce_scatter")

@@ -26,7 +26,7 @@ Hidden test cells and the visible self-check::
 
 Example (the instructor's answer passes)::
 
-    >>> from autograder.reference import MiniDDP
+    >>> from autograder.lessons.reference import MiniDDP
     >>> exercise_6_1.grade(MiniDDP, "buckets")
 """
 

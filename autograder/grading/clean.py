@@ -2,9 +2,9 @@
 
 The hidden test cells of a notebook run in the learner's own kernel, after all of the
 learner's cells: whatever those cells did to the kernel (replacing a check function of
-``autograder.lessonNN``, ``helpers.launch`` or ``torch.distributed``) is in force while
+``autograder.lessons.lessonNN``, ``helpers.launch`` or ``torch.distributed``) is in force while
 their grade is computed there. ``make grade`` therefore decides every graded part here
-instead, in a fresh process (inside the grading sandbox, see :mod:`autograder.sandbox`):
+instead, in a fresh process (inside the grading sandbox, see :mod:`autograder.grading.sandbox`):
 
 1. :func:`exercise_code` reads the notebook's code cells, in order, and keeps only what
    *defines* the learner's answer: imports, functions, classes, and names bound to
@@ -19,7 +19,7 @@ instead, in a fresh process (inside the grading sandbox, see :mod:`autograder.sa
    send back is loaded as data only (``helpers._runtime.wire.restrict``), and the process cannot
    be traced or have its memory read by them (it is not dumpable).
 
-``python -m autograder.clean NOTEBOOK LESSON`` prints one JSON line per graded part::
+``python -m autograder.grading.clean NOTEBOOK LESSON`` prints one JSON line per graded part::
 
     {"exercise": "4.4", "part": "correct", "points": 4, "score": 0, "message": "correct: ..."}
 
@@ -272,8 +272,8 @@ def define(code: list[Kept]) -> tuple[dict[str, Any], list[str]]:
 
 def grade_lesson(lesson: int, namespace: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Grade every part of every exercise of ``lesson`` against the definitions in ``namespace``."""
-    from .harness import CheckError, GradingFailure
-    from .kit import exercises
+    from ..lessons.harness import CheckError, GradingFailure
+    from ..lessons.kit import exercises
 
     for ex in exercises(lesson):
         for part in ex.parts:
@@ -304,7 +304,7 @@ def _not_traceable() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m autograder.clean NOTEBOOK LESSON_NUMBER", file=sys.stderr)
+        print("usage: python -m autograder.grading.clean NOTEBOOK LESSON_NUMBER", file=sys.stderr)
         return 2
     _not_traceable()
     from helpers._runtime import wire as _wire
@@ -314,7 +314,7 @@ def main(argv: list[str]) -> int:
     sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != Path.cwd().resolve()]
     code, left_out = exercise_code(argv[0])
     namespace, skipped = define(code)
-    from . import harness
+    from ..lessons import harness
 
     harness.reuse_ranks()  # the checks of this one submission run on warm ranks (see reuse_ranks)
     print(json.dumps({"left_out": left_out + skipped, "ready": round(time.monotonic() - _STARTED, 2)}), flush=True)

@@ -4,7 +4,7 @@
 notebook, the course's nbgrader files and a gradebook template are) and returns a
 :class:`Graded` record: how it ended, the score of every graded part, seconds per stage,
 and the whole log. The graded notebook, the feedback page and the private gradebook stay in
-the task's work folder, which the class workflow (:mod:`autograder.grade`) merges into the
+the task's work folder, which the class workflow (:mod:`autograder.grading.grade`) merges into the
 course and then removes. It runs in a worker process that grades many submissions one after
 another, with nbgrader already imported, so no submission pays for starting nbgrader.
 
@@ -13,10 +13,10 @@ The steps:
 1. **set-up**: a private copy of nbgrader's configuration, the gradebook template and the
    submission;
 2. **autograde** (nbgrader, in this process): deleted and edited cells are restored, then the
-   notebook runs in a fresh kernel inside the grading sandbox (:mod:`autograder.sandbox`).
-   Hidden test cells run no check there (:func:`autograder.kit.decided_by_clean_run`): a
+   notebook runs in a fresh kernel inside the grading sandbox (:mod:`autograder.grading.sandbox`).
+   Hidden test cells run no check there (:func:`autograder.lessons.kit.decided_by_clean_run`): a
    learner's kernel can be made to say anything, so its verdict would not count anyway;
-3. **clean re-grade** (:mod:`autograder.clean`, sandboxed too): every graded part is
+3. **clean re-grade** (:mod:`autograder.grading.clean`, sandboxed too): every graded part is
    decided in a fresh process that holds only the learner's definitions. It starts as soon
    as the restored notebook exists, so it runs beside the kernel;
 4. **settle**: each part's verdict goes into the gradebook and, in place of the hidden test
@@ -33,7 +33,7 @@ Whose failure it is decides what happens next (:attr:`Graded.failure`):
   learner's doing, but loses nothing: the clean re-grade still decides every part, and the
   feedback says the notebook stopped there (:attr:`Graded.notes`).
 
-Example (what :mod:`autograder.grade` does for each submission, in a worker)::
+Example (what :mod:`autograder.grading.grade` does for each submission, in a worker)::
 
     task = Task(student="ana", lesson="04-ring-all-reduce", submitted=Path("autograder/submitted/ana/04-ring-all-reduce"),
                 course=ROOT, template=Path("/tmp/gradebook.db"))
@@ -125,7 +125,9 @@ def warm_up() -> None:
     import nbgrader.converters  # noqa: F401
     from nbconvert.exporters import HTMLExporter  # noqa: F401
 
-    from . import cells, preprocessors  # noqa: F401
+    from ..course import cells
+
+    from ..course import preprocessors  # noqa: F401
 
 
 def quiet_gradebook() -> None:
@@ -210,7 +212,7 @@ def redact(text: str, folder: Path | str | None = None) -> str:
     >>> redact(f'File "{sys.prefix}/lib/x.py", line 3', None).startswith('File "<python>/lib/x.py"')
     True
     """
-    from .course import ROOT
+    from ..course.build import ROOT
     from .sandbox import PACKAGE_DIRS
 
     names = {}
@@ -240,7 +242,7 @@ def _cell_times(nb: Any) -> dict[str, Any]:
     The imports cell is the first code cell that imports something, past the Colab set-up
     cell (which does nothing outside Colab).
     """
-    from .colab import SETUP_ID
+    from ..course.colab import SETUP_ID
 
     timed = []
     for index, cell in enumerate(nb.cells):
@@ -291,13 +293,13 @@ class _Job:
     def api(self, kernel_stderr: str | None = None) -> Any:
         """nbgrader's API over this work folder; with ``kernel_stderr``, set up to autograde: the kernel in
         the sandbox (from the spec in ``jupyter/``, which goes first on JUPYTER_PATH while it starts), over
-        Unix sockets, its error output to that file, and watched (autograder.preprocessors)."""
+        Unix sockets, its error output to that file, and watched (autograder.course.preprocessors)."""
         from nbgrader.converters import Autograde
         from nbgrader.preprocessors import Execute
 
-        from .course import nbgrader_api
-        from .kit import CLEAN_RUN_DECIDES
-        from .preprocessors import SANITIZE, KeepSanitized, WatchedExecute
+        from ..course.build import nbgrader_api
+        from ..lessons.kit import CLEAN_RUN_DECIDES
+        from ..course.preprocessors import SANITIZE, KeepSanitized, WatchedExecute
         from .sandbox import kernel_spec
 
         if kernel_stderr is None:
@@ -319,11 +321,11 @@ class _Job:
         """Start the clean re-grade of ``notebook`` (the restored one, before it runs) in the background."""
         import nbformat
 
-        from .cells import lesson_number
+        from ..course.cells import lesson_number
 
         copy = self.clean_folder / "submission.ipynb"
         nbformat.write(notebook, copy)
-        argv = [sys.executable, "-m", "autograder.clean", str(copy), str(lesson_number(self.notebook))]
+        argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(self.notebook))]
         if self.task.sandboxed:
             argv = self.box([self.clean_folder], RANK_FACTORY_ENV).wrap(argv)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **RANK_FACTORY_ENV)
@@ -374,7 +376,7 @@ def _verdict_outputs(cell: Any, result: dict[str, Any], left_out: list[str], fol
     """What a graded cell shows: the lines the kernel printed (not the placeholder), then the verdict."""
     import nbformat
 
-    from .kit import DEFERRED
+    from ..lessons.kit import DEFERRED
 
     kept = []
     for output in cell.get("outputs", []):
@@ -413,7 +415,7 @@ def _settle(job: _Job, results: list[dict[str, Any]], left_out: list[str], stopp
     import nbformat
     from nbgrader.api import Gradebook
 
-    from .cells import graded_cells
+    from ..course.cells import graded_cells
 
     task = job.task
     cells = {c.grade_id: c for c in graded_cells(task.course / "solutions" / task.lesson / f"{task.lesson}.ipynb")}
@@ -486,7 +488,7 @@ def _telling_line(kernel: str, error: BaseException | None, nbgrader_error: str)
 
 def grade_submission(task: Task) -> Graded:
     """Autograde, re-grade cleanly and write the feedback of one submission; never raises."""
-    from . import preprocessors
+    from ..course import preprocessors
 
     began = time.monotonic()
     job = _Job(task)

@@ -20,7 +20,7 @@ __all__ = ["ROOT", "tool_env", "nbgrader_api", "lessons", "build", "stale_lesson
 
 # The course root: the folder holding nbgrader_config.py, solutions/ and course/. The
 # repository by default; COURSE_ROOT points the tools at a copy (the grading tests do).
-ROOT = Path(os.environ.get("COURSE_ROOT") or Path(__file__).resolve().parent.parent).resolve()
+ROOT = Path(os.environ.get("COURSE_ROOT") or Path(__file__).resolve().parents[2]).resolve()
 
 
 def tool_env() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The grading harness: run a learner's function on fresh ranks and say who is at fault.
 
-The lesson checks (``autograder.lessonNN``, declared with :mod:`autograder.kit`) are
+The lesson checks (``autograder.lessons.lessonNN``, declared with :mod:`autograder.lessons.kit`) are
 built on this module. Every run of the learner's code:
 
 - happens in fresh rank processes through :func:`helpers.launch`, never in the learner's
@@ -18,9 +18,9 @@ Two kinds of error come out of it:
   ``autograder`` package's files rather than in the learner's code). The message says
   so, and asks the learner to tell the instructor.
 
-Example (what :meth:`autograder.kit.Attempt.run` does for a check)::
+Example (what :meth:`autograder.lessons.kit.Attempt.run` does for a check)::
 
-    >>> from autograder.harness import run_ranks
+    >>> from autograder.lessons.harness import run_ranks
     >>> def worker(rank, world_size, fn):
     ...     return fn(rank, world_size)
     >>> list(run_ranks("demo", worker, 2, (lambda r, w: r * 10,), exercise="Exercise 0.0", function="f"))
@@ -53,7 +53,7 @@ __all__ = [
     "take_stats",
 ]
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the whole autograder package
 _HELPERS_DIR = os.path.dirname(os.path.abspath(helpers.__file__))
 _LIBRARY_DIRS = tuple(
     {os.path.abspath(p) for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))}

@@ -31,7 +31,7 @@ Hidden test cells (one per part) and the visible self-checks::
 
 Example (a broadcast that leaves every tensor alone is caught)::
 
-    >>> from autograder.kit import GradingFailure
+    >>> from autograder.lessons.kit import GradingFailure
     >>> try:
     ...     exercise_3_1.self_check(lambda tensor, src: None)
     ... except GradingFailure as err:

@@ -16,7 +16,7 @@ Steps:
 2. copy the submissions into ``autograder/submitted/`` (collect);
 3. grade every submission on its own, ``--jobs`` of them at a time (default: one per
    core), in worker processes that keep nbgrader loaded, each submission in a private work
-   folder with its own copy of the gradebook (:mod:`autograder.submission`: autograde in
+   folder with its own copy of the gradebook (:mod:`autograder.grading.submission`: autograde in
    the grading sandbox, where the notebook runs; the clean re-grade, which decides every
    graded part in a fresh process; the feedback page). A submission that could not be
    graded for a reason that is not the learner's (the sandbox or the kernel did not start)
@@ -26,7 +26,7 @@ Steps:
    process writes the shared gradebook, one submission at a time), and keep its whole log
    in ``autograder/logs/<student>/<lesson>.log``;
 5. export all grades as CSV to ``autograder/grades.csv``;
-6. the class summary (:mod:`autograder.summary`): per lesson and part, how many passed,
+6. the class summary (:mod:`autograder.grading.summary`): per lesson and part, how many passed,
    the most common failures with a real example, the slowest submissions and those that
    could not be graded, printed and written to ``autograder/class-summary.csv`` and ``.html``;
 7. a record of this run in ``autograder/grading-run.json``.
@@ -69,7 +69,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .course import ROOT, build, lessons, nbgrader_api, tool_env
+from ..course.build import ROOT, build, lessons, nbgrader_api, tool_env
 from .submission import TRIES, Graded, Task, grade_submission, quiet_gradebook, warm_up
 
 __all__ = ["collect", "grade", "main", "RECORD", "LOGS"]
@@ -216,7 +216,7 @@ def _run(tasks: list[Task], jobs: int, done: Any) -> list[Task]:
     """Grade ``tasks`` on ``jobs`` worker processes; ``done(graded, retried)`` gets each final result.
 
     A submission whose grading failed for a reason that is not the learner's is graded
-    again, up to :data:`~autograder.submission.TRIES` times; a worker that died costs the
+    again, up to :data:`~autograder.grading.submission.TRIES` times; a worker that died costs the
     submissions it held one try each. Returns the tasks left unfinished by Ctrl-C.
     """
     queue, retried = list(tasks), {}
@@ -269,7 +269,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     ``jobs`` submissions are graded at a time (default: the number of cores); ``sandboxed``
     False runs learners' code without the sandbox (the summary then says so);
     ``only_ungraded`` grades only what has no grade yet. Raises
-    :class:`autograder.sandbox.SandboxUnavailable` when a sandbox is asked for and cannot run.
+    :class:`autograder.grading.sandbox.SandboxUnavailable` when a sandbox is asked for and cannot run.
     """
     os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks
     os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH

@@ -28,7 +28,7 @@ Hidden test cells and visible self-checks::
 
 Example (the instructor's answer passes)::
 
-    >>> from autograder.reference import average_gradients
+    >>> from autograder.lessons.reference import average_gradients
     >>> exercise_5_1.grade(average_gradients, "correct")
 """
 

@@ -35,7 +35,7 @@ SANITIZE = [
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",
-    "autograder.preprocessors.RestoreMissingCells",
+    "autograder.course.preprocessors.RestoreMissingCells",
     "nbgrader.preprocessors.OverwriteCells",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
@@ -61,7 +61,7 @@ class NameExerciseStubs(NbGraderPreprocessor):
 class AddColabCells(NbGraderPreprocessor):
     """Start each learner notebook with the "Open in Colab" badge and the Colab set-up cell.
 
-    The cells come from :func:`autograder.colab.colab_cells` for the lesson being built;
+    The cells come from :func:`autograder.course.colab.colab_cells` for the lesson being built;
     cells with their ids already in the notebook are replaced, so building twice, or from
     a notebook that carries them, gives them once.
     """
@@ -94,7 +94,7 @@ class RestoreMissingCells(NbGraderPreprocessor):
 
         import nbformat
 
-        from .course import ROOT
+        from .build import ROOT
 
         assignment = resources["nbgrader"]["assignment"]
         notebook = resources["nbgrader"]["notebook"]
@@ -135,7 +135,7 @@ class Watch:
     """What :class:`KeepSanitized` and :class:`WatchedExecute` saw of one autograde, in this process.
 
     ``make grade`` runs nbgrader's autograde inside its worker processes, one submission at a
-    time each (:mod:`autograder.submission`); it resets :data:`WATCH` before each and reads it
+    time each (:mod:`autograder.grading.submission`); it resets :data:`WATCH` before each and reads it
     after: typed facts, so that how a run ended is never guessed from log text.
     """
 
