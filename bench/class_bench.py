@@ -116,7 +116,7 @@ def main() -> int:
         print(f"  {kind:<14} {', '.join(f'{s:g}' for s in sorted(by_kind[kind])):>14} "
               f"{sum(secs) / max(1, len(secs)):>26.1f}")
     cheat = next(s for s in base["record"]["submissions"] if s["student"].startswith("cheat"))
-    patched = any("autograder.kit" in line for line in cheat["left_out"])
+    patched = any("autograder.lessons.kit" in line for line in cheat["left_out"])
     print(f"\n  the cheat earned {cheat['score']:g}: its patch of the grading ran in its own kernel, where no part is "
           f"decided, and was {'left out of' if patched else 'KEPT IN'} the fresh process that decided (the honest "
           f"built-in all_reduce answer earns the same: the cheat gains nothing)")

@@ -4,7 +4,7 @@ Run: ``make bench-trace`` or ``.venv/bin/python bench/trace_bench.py [--size BYT
 
 Every rank wraps torch.distributed's calls so that a hang can be explained (a "board"
 entry per call) and, with ``trace=True``, records an event per call. This script times
-the instructor's reference ring all-reduce (autograder/reference.py) at 1 MB in three
+the instructor's reference ring all-reduce (autograder/lessons/reference.py) at 1 MB in three
 modes, switched inside the same ranks from one call to the next (in shuffled order), so
 that the machine's noise falls on all three alike:
 

@@ -40,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder.course import ROOT, tool_env
+from autograder.course.build import ROOT, tool_env
 
 __all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "grade_class", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
@@ -85,9 +85,9 @@ RING_ANSWERS = {
 #: every hidden test cell after it passes there. The clean re-grade must not be fooled.
 GRADER_PATCH = '''
 
-import autograder.kit
-autograder.kit.Exercise.grade = lambda self, fn, part: None          # every hidden test now "passes" here,
-autograder.kit.Exercise.self_check = lambda self, fn, **options: None  # and so does every self-check
+import autograder.lessons.kit
+autograder.lessons.kit.Exercise.grade = lambda self, fn, part: None          # every hidden test now "passes" here,
+autograder.lessons.kit.Exercise.self_check = lambda self, fn, **options: None  # and so does every self-check
 '''
 
 
@@ -140,7 +140,7 @@ def sandbox_flags() -> list[str]:
     ``COURSE_REQUIRE_SANDBOX=1`` (set by ``.ci/run`` once it has installed bubblewrap)
     makes them run sandboxed or fail.
     """
-    from autograder.sandbox import problem
+    from autograder.grading.sandbox import problem
 
     return ["--no-sandbox"] if problem() is not None and not os.environ.get("COURSE_REQUIRE_SANDBOX") else []
 
@@ -179,7 +179,7 @@ def layout(lesson: str, number: str) -> tuple[dict[str, str], dict[str, float]]:
     Raises AssertionError when the notebook's graded cells and the declared parts disagree.
     """
     from autograder import exercise
-    from autograder.cells import graded_cells
+    from autograder.course.cells import graded_cells
 
     cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")
              if c.number == number}
@@ -207,7 +207,7 @@ def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict
     """The points nbgrader gave ``student`` for each part of ``lesson``, in the course copy at ``root``.
 
     ``cells`` maps each graded cell's grade_id to its part's name (see
-    :func:`autograder.cells.graded_cells`); the result maps part names to scores.
+    :func:`autograder.course.cells.graded_cells`); the result maps part names to scores.
     """
     from nbgrader.api import Gradebook
 

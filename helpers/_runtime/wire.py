@@ -52,7 +52,7 @@ def send_message(sock: socket.socket, message: Any, fds: list[int] = ()) -> None
 # Whatever a rank sends (its messages, its return values, its exceptions) is unpickled in
 # the process that started it. A rank runs the learner's code, and a pickle can name any
 # function to call while it is loaded, so a process that must not run the learner's code
-# (the clean re-grade of autograder.clean) calls restrict(): from then on only data comes
+# (the clean re-grade of autograder.grading.clean) calls restrict(): from then on only data comes
 # back: the helpers' own messages, plain Python values, tensors and arrays, exceptions.
 
 _BUILTINS = frozenset({"set", "frozenset", "slice", "range", "complex", "bytearray", "list", "dict", "tuple", "int",
