@@ -20,7 +20,8 @@ import autograder.lessons
 from autograder import exercise, exercises
 from autograder.course.cells import graded_cells, problems, hidden_test_source
 from autograder.lessons.harness import CheckError, GradingFailure, course_frame
-from autograder.lessons.kit import Exercise, Part, by_world_size, call_learner, first_difference, plural, seeded_tensor
+from autograder.lessons.kit import Exercise, Part
+from autograder.lessons.pieces import by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.lessons.reference import chunk_bounds, ring_allreduce
 from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
 from helpers._runtime.protocol import Frame
@@ -53,9 +54,9 @@ def test_a_mismatched_notebook_is_reported(tmp_path):
     """Would the check above catch wrong points, a missing part, a duplicated part and an old-style cell?"""
     nb = json.loads((ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb").read_text())
     by_id = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
-    by_id["ex44-correct"]["metadata"]["nbgrader"]["points"] = 5
-    by_id["ex44-bandwidth"]["source"] = by_id["ex44-no-hang"]["source"]  # no_hang twice, bandwidth never
-    by_id["ex44-point-to-point"]["source"] = [
+    by_id["test-ex4_4-correct"]["metadata"]["nbgrader"]["points"] = 5
+    by_id["test-ex4_4-bandwidth"]["source"] = by_id["test-ex4_4-no-hang"]["source"]  # no_hang twice, bandwidth never
+    by_id["test-ex4_4-point-to-point"]["source"] = [
         "### BEGIN HIDDEN TESTS\n", "from autograder.lessons.lesson04 import check_ring_allreduce\n",
         'check_ring_allreduce(ring_allreduce, part="point_to_point")\n', "### END HIDDEN TESTS"]
     copy = tmp_path / "04-ring-all-reduce.ipynb"
@@ -64,7 +65,7 @@ def test_a_mismatched_notebook_is_reported(tmp_path):
     assert "nbgrader gives it 5 points, Exercise 4.4 declares 4" in found
     assert "part 'bandwidth' has 0 graded cells" in found
     assert "part 'no_hang' has 2 graded cells" in found
-    assert "(ex44-point-to-point): a graded cell must make exactly one call" in found
+    assert "(test-ex4_4-point-to-point): a graded cell must make exactly one call" in found
 
 
 def test_the_uniform_cell_names_everything_once():
@@ -134,7 +135,7 @@ def test_lookups_that_fail_say_what_exists():
 def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypatch):
     """Does a lessonNN.py placed in the package show up in exercise() and exercises() with nothing else changed?"""
     (tmp_path / "lesson97.py").write_text(
-        "from .kit import Exercise, Part, call_learner\n"
+        "from .kit import Exercise, Part\nfrom .pieces import call_learner\n"
         "def _check(attempt):\n"
         "    if list(attempt.run(call_learner, 2, (attempt.fn,))) != [0, 1]:\n"
         "        attempt.fail('every rank should return its rank.')\n"
@@ -269,10 +270,10 @@ def test_a_check_that_breaks_in_the_notebook_raises_the_courses_error():
 
 def test_a_check_that_breaks_inside_a_rank_raises_the_courses_error():
     """Does a rank failing inside the autograder's own files (a typo in a case table) come out as CheckError?"""
-    lesson04 = importlib.import_module("autograder.lessons.lesson04")
+    ringcheck = importlib.import_module("autograder.lessons.ringcheck")
 
     def typo_in_cases(attempt):
-        attempt.run(lesson04._correct_worker, 2, (attempt.fn, [((3,), "float23")], 1), timeout=10.0)
+        attempt.run(ringcheck.all_reduce_worker, 2, (attempt.fn, [((3,), "float23")], 1), timeout=10.0)
 
     with pytest.raises(CheckError) as info:
         _exercise_with(typo_in_cases).grade(ring_allreduce, "broken")
@@ -394,14 +395,14 @@ def test_a_missing_function_is_named():
 
 def test_course_frame_finds_the_innermost_frame_that_is_not_a_library():
     """Is a traceback blamed on the course only when its innermost non-library frame is in autograder/?"""
-    grader = ROOT / "autograder" / "lessons" / "lesson04.py"
+    grader = ROOT / "autograder" / "lessons" / "ringcheck.py"
     torch_file = Path(dist.__file__)
     learner = [Frame("/tmp/ipykernel_7/12.py", 4, "ring_allreduce")]
-    ours = [Frame(str(grader), 70, "_correct_worker")]
+    ours = [Frame(str(grader), 70, "all_reduce_worker")]
     library = [Frame(str(torch_file), 9, "send")]
     assert course_frame(ours + learner) is None
     assert course_frame(ours + learner + library) is None
-    assert course_frame(ours + library) is not None and "_correct_worker" in course_frame(ours + library)
+    assert course_frame(ours + library) is not None and "all_reduce_worker" in course_frame(ours + library)
     assert course_frame([]) is None
 
 
@@ -428,7 +429,8 @@ def test_shared_pieces():
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
-    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08")] + ["devtools.scratch"])
+    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs")]
+    + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -28,6 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 from nbclient import NotebookClient
 
 from autograder.release import ReleaseError, build
+from autograder.release.rules import KEPT_MODULES
 from devtools.scratch import solution_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,8 @@ def test_release_holds_the_course_helpers_and_self_checks(release):
     files = _files(release)
     notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "course").glob("*/*.ipynb"))
     helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").rglob("*.py"))
-    autograder = sorted(["autograder/__init__.py"] + [f"autograder/lessons/{m}.py" for m in ["__init__", "kit", "harness", *LESSON_MODULES]])
+    autograder = sorted(["autograder/__init__.py"] + [f"autograder/{m}.py" for m in KEPT_MODULES]
+                        + [f"autograder/lessons/{m}.py" for m in LESSON_MODULES])
     project = [".gitignore", "MANIFEST.txt", "Makefile", "README.md", "environment.yml", "pyproject.toml"]
     assert len(notebooks) >= 9 and "helpers/ring.py" in helpers and len(LESSON_MODULES) >= 9
     assert files == sorted(notebooks + helpers + autograder + project), (

@@ -40,12 +40,37 @@ from pathlib import Path
 
 from ..lessons.kit import Exercise, exercises
 
-__all__ = ["GradedCell", "graded_cells", "hidden_test_source", "self_check_source", "problems", "lesson_number"]
+__all__ = ["GradedCell", "graded_cells", "hidden_test_source", "self_check_source", "problems", "lesson_number",
+           "answer_id", "self_check_id", "test_id"]
 
 IMPORT = "from autograder import exercise"
 _GRADE = re.compile(r'^exercise\("(?P<number>[\d.]+)"\)\.grade\((?P<function>\w+), "(?P<part>\w+)"\)$', re.M)
 _SELF_CHECK = re.compile(r'^exercise\("(?P<number>[\d.]+)"\)\.self_check\((?P<function>\w+)(?:, (?P<options>[^)]*))?\)$',
                          re.M)
+
+
+def _exercise_key(ex: Exercise) -> str:
+    return "ex" + ex.number.replace(".", "_")
+
+
+def answer_id(ex: Exercise) -> str:
+    """The nbgrader id of an exercise's answer cell: ``ex4_4-ring-allreduce``.
+
+    >>> from autograder import exercise
+    >>> answer_id(exercise("6.1")), self_check_id(exercise("6.1")), test_id(exercise("6.1"), "gradients")
+    ('ex6_1-miniddp', 'self-check-ex6_1', 'test-ex6_1-gradients')
+    """
+    return f"{_exercise_key(ex)}-{ex.function.lower().replace('_', '-')}"
+
+
+def self_check_id(ex: Exercise) -> str:
+    """The nbgrader id of an exercise's stand-alone self-check cell: ``self-check-ex4_4``."""
+    return f"self-check-{_exercise_key(ex)}"
+
+
+def test_id(ex: Exercise, part: str) -> str:
+    """The nbgrader id of the hidden test cell of ``part``: ``test-ex4_4-no-hang``."""
+    return f"test-{_exercise_key(ex)}-{ex.part(part).name.replace('_', '-')}"
 
 
 def hidden_test_source(ex: Exercise, part: str, self_check: str | None = None) -> str:
@@ -130,6 +155,9 @@ def problems(notebook: Path) -> list[str]:
                          f"{', '.join(p.name for p in ex.parts)})")
             continue
         seen.setdefault((ex.number, cell.part), []).append(cell.grade_id)
+        if cell.grade_id != test_id(ex, cell.part):
+            found.append(f"{where}: name it {test_id(ex, cell.part)!r} in its nbgrader metadata (grade_id), as "
+                         "every hidden test cell is named")
         points = ex.part(cell.part).points
         if cell.points != points:
             found.append(f"{where}: nbgrader gives it {cell.points} points, {ex.label} declares "
@@ -151,15 +179,20 @@ def problems(notebook: Path) -> list[str]:
 
 
 def _answer_cell_problems(notebook: Path, declared: dict[str, Exercise]) -> list[str]:
-    """Each exercise needs its answer cell: headed ``# Exercise N: title``, defining the function."""
-    answers = [_source(c) for c in json.loads(notebook.read_text())["cells"]
+    """Each exercise needs its answer cell: headed ``# Exercise N: title``, defining the function, named by :func:`answer_id`."""
+    answers = [c for c in json.loads(notebook.read_text())["cells"]
                if c["cell_type"] == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution")]
     found = []
     for ex in declared.values():
         heading = f"# Exercise {ex.number}: {ex.title}"
         defines = (f"def {ex.function}(", f"class {ex.function}(", f"class {ex.function}:")
-        if not any(src.startswith(heading + "\n") and any(d in src for d in defines) for src in answers):
+        cell = next((c for c in answers if _source(c).startswith(heading + "\n")
+                     and any(d in _source(c) for d in defines)), None)
+        if cell is None:
             found.append(f"{notebook.name}: no answer cell starts with {heading!r} and defines `{ex.function}`")
+        elif cell["metadata"]["nbgrader"].get("grade_id") != answer_id(ex):
+            found.append(f"{notebook.name}: the answer cell of {ex.label} is named "
+                         f"{cell['metadata']['nbgrader'].get('grade_id')!r}; name it {answer_id(ex)!r}")
     return found
 
 
@@ -174,6 +207,11 @@ def _self_check_problems(notebook: Path, declared: dict[str, Exercise]) -> list[
         checks = list(_SELF_CHECK.finditer(source))
         match = checks[0] if len(checks) == 1 else None
         ex = declared.get(match["number"]) if match else None
+        if ex is not None and source == self_check_source(ex, match["options"] or ""):
+            if meta and meta.get("grade_id") != self_check_id(ex):
+                found.append(f"{notebook.name}, cell {index}: name the self-check cell of {ex.label} "
+                             f"{self_check_id(ex)!r} (it is {meta.get('grade_id')!r})")
+            continue
         if ex is None or source != self_check_source(ex, match["options"] or ""):
             found.append(f"{notebook.name}, cell {index}: a cell that uses the autograder outside the graded "
                          "cells must read exactly\n" + (self_check_source(ex, match["options"] or "") if ex else

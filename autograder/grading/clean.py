@@ -73,7 +73,15 @@ class Kept:
 
 
 class _Unsafe(Exception):
-    """A definition that could run code while it is being defined."""
+    """A definition that could run code while it is being defined; ``why`` says how, for the feedback.
+
+    ``plain`` marks a statement that is simply not a definition (a call, a loop): the feedback
+    lists it without a reason, since the rule above the list already gives it.
+    """
+
+    def __init__(self, why: str, *, plain: bool = False) -> None:
+        super().__init__(why)
+        self.plain = plain
 
 
 class _Checker:
@@ -167,7 +175,7 @@ class _Checker:
             return
         if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             return
-        raise _Unsafe("only imports, functions, classes and names bound to constants are kept")
+        raise _Unsafe("only imports, functions, classes and names bound to constants are kept", plain=True)
 
 
 def _bound_names(node: ast.stmt) -> set[str]:
@@ -225,7 +233,7 @@ def exercise_code_from_cells(sources: Iterable[str], labels: dict[int, str] | No
                     where = labels[number] if labels else f"cell {number}"
                     first = ast.get_source_segment(_python_source(cells[number - 1]), node) or ast.unparse(node)
                     shown = first.splitlines()[0][:80]
-                    note = "" if "only imports" in str(why) else f" ({why})"
+                    note = "" if why.plain else f" ({why})"
                     left_out.append(f"{where}, line {node.lineno}: {shown}{note}")
         if body:
             kept.append(Kept(number, _python_source(cells[number - 1]), tuple(body), (labels or {}).get(number)))
@@ -277,18 +285,21 @@ def grade_lesson(lesson: int, namespace: dict[str, Any]) -> Iterator[dict[str, A
 
     for ex in exercises(lesson):
         for part in ex.parts:
-            result = {"exercise": ex.number, "part": part.name, "points": part.points, "score": 0, "message": None}
+            result = {"exercise": ex.number, "part": part.name, "points": part.points, "score": 0, "message": None,
+                      "text": None}
             if ex.function not in namespace:
-                result["message"] = (f"{part.name}: no `{ex.function}` is defined by a function or class "
-                                     f"definition in your notebook.")
+                result["text"] = (f"no `{ex.function}` is defined by a function or class "
+                                  f"definition in your notebook.")
+                result["message"] = f"{part.name}: {result['text']}"
             else:
                 try:
                     ex.grade(namespace[ex.function], part.name)
                     result["score"] = part.points
                 except GradingFailure as failure:
-                    result["message"] = str(failure)
+                    result["message"], result["text"] = str(failure), failure.text
                 except CheckError as error:
-                    result["message"], result["check_error"] = str(error), True
+                    result["message"] = result["text"] = str(error)
+                    result["check_error"] = True
             yield result
 
 

@@ -70,7 +70,8 @@ from pathlib import Path
 from typing import Any
 
 from ..course.build import ROOT, build, lessons, nbgrader_api, tool_env
-from .submission import TRIES, Graded, Task, grade_submission, quiet_gradebook, warm_up
+from .submission import grade_submission, quiet_gradebook, warm_up
+from .task import TRIES, Graded, Task
 
 __all__ = ["collect", "grade", "main", "RECORD", "LOGS"]
 
@@ -216,7 +217,7 @@ def _run(tasks: list[Task], jobs: int, done: Any) -> list[Task]:
     """Grade ``tasks`` on ``jobs`` worker processes; ``done(graded, retried)`` gets each final result.
 
     A submission whose grading failed for a reason that is not the learner's is graded
-    again, up to :data:`~autograder.grading.submission.TRIES` times; a worker that died costs the
+    again, up to :data:`~autograder.grading.task.TRIES` times; a worker that died costs the
     submissions it held one try each. Returns the tasks left unfinished by Ctrl-C.
     """
     queue, retried = list(tasks), {}

@@ -19,7 +19,8 @@ Example::
     ...      "parts": [{"exercise": "0.1", "part": "hello", "points": 1, "score": 1.0, "message": None}]},
     ...     {"student": "bo", "lesson": "00-getting-started", "seconds": 15.0, "status": "ok", "error": None,
     ...      "parts": [{"exercise": "0.1", "part": "hello", "points": 1, "score": 0.0,
-    ...                 "message": "hello: on 2 ranks, rank 1 returned 'hi'"}]}]}
+    ...                 "message": "hello: on 2 ranks, rank 1 returned 'hi'",
+    ...                 "text": "on 2 ranks, rank 1 returned 'hi'"}]}]}
     >>> rows = part_rows(record)
     >>> rows[0]["passed"], rows[0]["graded"], rows[0]["failures"][0][0]
     (1, 2, "on N ranks, rank N returned 'hi'")
@@ -42,29 +43,27 @@ TOP_FAILURES = 3
 SLOWEST = 5
 
 
-def failure_kind(message: str, part: str = "") -> str:
-    """A failure message's first line, without the part's name and with every number as N.
+def example_line(text: str) -> str:
+    """A failure's first line, as the learner read it after the part's name.
 
-    >>> failure_kind("correct: on 4 ranks, rank 2 returned 1.5 instead of 6", "correct")
-    'on N ranks, rank N returned N instead of N'
-    """
-    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
-    if part and first.startswith(f"{part}: "):
-        first = first[len(part) + 2:]
-    first = re.sub(r"(?<!Exercise )\b\d+(\.\d+)?(e-?\d+)?", "N", first)
-    return first if len(first) <= 160 else first[:157] + "..."
+    ``text`` is the part's failure without the part's name (a record's ``"text"``, from
+    :attr:`autograder.lessons.harness.GradingFailure.text`).
 
-
-def example_line(message: str, part: str = "") -> str:
-    """A failure's first line, without the part's name, as the learner read it.
-
-    >>> example_line("correct: on 4 ranks, rank 2 returned 1.5 instead of 6\\nmore", "correct")
+    >>> example_line("on 4 ranks, rank 2 returned 1.5 instead of 6\\nmore")
     'on 4 ranks, rank 2 returned 1.5 instead of 6'
     """
-    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
-    if part and first.startswith(f"{part}: "):
-        first = first[len(part) + 2:]
-    return first
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else "no message"
+
+
+def failure_kind(text: str) -> str:
+    """A failure's first line with every number as N: failures of one kind share it.
+
+    >>> failure_kind("on 4 ranks, rank 2 returned 1.5 instead of 6")
+    'on N ranks, rank N returned N instead of N'
+    """
+    kind = re.sub(r"(?<!Exercise )\b\d+(\.\d+)?(e-?\d+)?", "N", example_line(text))
+    return kind if len(kind) <= 160 else kind[:157] + "..."
 
 
 def part_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,9 +82,10 @@ def part_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             if p["score"] is not None and p["points"] is not None and float(p["score"]) >= float(p["points"]):
                 row["passed"] += 1
             else:
-                kind = failure_kind(p.get("message") or "", p["part"])
+                text = (p.get("text") or "").strip()
+                kind = failure_kind(text)
                 kinds[key][kind] += 1
-                examples.setdefault((*key, kind), (p.get("message") or "").strip())
+                examples.setdefault((*key, kind), text)
     for key, row in parts.items():
         row["failures"] = [(kind, n, examples[(*key, kind)]) for kind, n in kinds[key].most_common(TOP_FAILURES)]
     return [parts[k] for k in sorted(parts, key=lambda k: (k[0], tuple(int(x) for x in k[1].split(".")), k[2]))]
@@ -95,9 +95,9 @@ def _slowest(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(record.get("submissions", []), key=lambda r: -r.get("seconds", 0))[:SLOWEST]
 
 
-def _shown(kind: str, n: int, example: str, part: str, width: int = 110) -> str:
+def _shown(n: int, example: str, width: int = 110) -> str:
     """``3x on 4 ranks, rank 2 returned 1.5 instead of 6 (and 2 like it)``: one real message for the group."""
-    line = example_line(example, part)
+    line = example_line(example)
     line = line if len(line) <= width else line[:width - 3] + "..."
     return f"{n}x {line}" + (f" (and {n - 1} like it)" if n > 1 else "")
 
@@ -125,7 +125,7 @@ def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         out.writerow(["lesson", "exercise", "part", "points", "graded", "passed", "pass_rate", "common_failures"])
         for r in rows:
             rate = f"{r['passed'] / r['graded']:.2f}" if r["graded"] else ""
-            failures = " | ".join(_shown(kind, n, example, r["part"], 200) for kind, n, example in r["failures"])
+            failures = " | ".join(_shown(n, example, 200) for kind, n, example in r["failures"])
             out.writerow([r["lesson"], r["exercise"], r["part"], r["points"], r["graded"], r["passed"], rate, failures])
 
 
@@ -133,7 +133,7 @@ def _write_html(record: dict[str, Any], rows: list[dict[str, Any]], path: Path) 
     e = html.escape
     parts = []
     for r in rows:
-        failures = "".join(f"<li><b>{n}&times;</b> {e(example_line(example, r['part']))}"
+        failures = "".join(f"<li><b>{n}&times;</b> {e(example_line(example))}"
                            f"{f' (and {n - 1} like it)' if n > 1 else ''}<details><summary>whole message</summary>"
                            f"<pre>{e(example)}</pre></details></li>" for kind, n, example in r["failures"])
         parts.append(f"<tr><td>{e(r['lesson'])}</td><td>{e(r['exercise'])}</td><td>{e(r['part'])}</td>"
@@ -177,7 +177,7 @@ def summarise(record: dict[str, Any], folder: Path) -> str:
     for r in rows:
         lines.append(f"  {r['lesson']:<30} {r['exercise']:>4} {r['part']:<22} passed {r['passed']:>3} / {r['graded']:<3}")
         for kind, n, example in r["failures"]:
-            lines.append(f"      {_shown(kind, n, example, r['part'])}")
+            lines.append(f"      {_shown(n, example)}")
     lines.append("  Slowest: " + ", ".join(f"{r['student']}/{r['lesson']} {r['seconds']:.0f} s" for r in _slowest(record)))
     for r in record.get("submissions", []):
         if r.get("status") == "ok" and r.get("notes"):

@@ -61,7 +61,22 @@ _LIBRARY_DIRS = tuple(
 
 
 class GradingFailure(AssertionError):
-    """The learner's answer failed a check; the message is written for the learner."""
+    """The learner's answer failed a check; the message is written for the learner.
+
+    ``part`` is the graded part (or ``""``), ``text`` what the learner reads about it; the
+    message is ``"part: text"``. Code that sums failures up reads the fields, not the message.
+
+    >>> failure = GradingFailure("rank 1 returned 3 instead of 2.", part="correct")
+    >>> str(failure), failure.part, failure.text
+    ('correct: rank 1 returned 3 instead of 2.', 'correct', 'rank 1 returned 3 instead of 2.')
+    """
+
+    def __init__(self, text: str, part: str = "") -> None:
+        self.text, self.part = text, part
+        super().__init__(f"{part}: {text}" if part else text)
+
+    def __reduce__(self):
+        return (type(self), (self.text, self.part))
 
 
 class CheckError(RuntimeError):
@@ -159,9 +174,9 @@ def _traceback_tail(text: str, lines: int = 6) -> str:
 
 def _stub_failure(part: str, function: str, exercise: str, text: str) -> GradingFailure:
     return GradingFailure(
-        f"{part}: `{function}` still raises NotImplementedError ({text or 'NotImplementedError'}). "
+        f"`{function}` still raises NotImplementedError ({text or 'NotImplementedError'}). "
         f"Replace the `raise NotImplementedError(...)` line of {exercise} with your code, run that "
-        "cell, then run this one again."
+        "cell, then run this one again.", part
     )
 
 
@@ -264,35 +279,31 @@ def run_ranks(
     exercise: str,
     function: str,
     context: str = "",
-    timeout: float = 10.0,
-    forbid: Mapping[str, str] | None = None,
-    trace: bool = False,
-    nnodes: int = 1,
-    init: bool = True,
     hints: Mapping[str, str] | None = None,
+    **settings: Any,
 ) -> LaunchResult:
     """Run ``worker(rank, world_size, *args)`` on fresh gloo ranks; turn every failure into feedback.
 
     ``exercise`` ("Exercise 4.1") and ``function`` (the learner's function name) word the
-    feedback; ``forbid`` maps calls to switch off to the reason the learner reads;
-    ``nnodes`` simulates hosts; ``init=False`` leaves the process group to the worker;
-    ``hints`` maps the type name of a rank's exception to a sentence added to the feedback.
+    feedback; ``hints`` maps the type name of a rank's exception to a sentence added to it.
+    ``settings`` are launch settings (:class:`helpers.settings.LaunchSettings`): grading runs
+    on gloo, keeps the ranks' output out of the notebook and stops a run after 10 s unless told
+    otherwise; ``forbid`` maps calls to switch off to the reason the learner reads, ``nnodes``
+    simulates hosts, ``init=False`` leaves the process group to the worker.
 
     Raises :class:`GradingFailure` when the learner's code hangs, crashes, calls a
     switched-off function or is still a stub, and :class:`CheckError` when a rank fails
     inside the autograder's own files.
     """
-    hosts = f" on {nnodes} simulated hosts" if nnodes > 1 else ""
+    launch = LaunchSettings(world_size, **{"backend": "gloo", "output": "quiet", "timeout": 10.0, **settings})
+    hosts = f" on {launch.nnodes} simulated hosts" if launch.nnodes > 1 else ""
     where = f"on {world_size} rank{'s' if world_size != 1 else ''}{hosts}" + (f", {context}" if context else "")
-    forbid = dict(forbid or {})
     try:
-        settings = LaunchSettings(world_size, backend="gloo", nnodes=nnodes, timeout=timeout, init=init, output="quiet",
-                                  trace=trace, forbid=forbid)
-        return _ranks(worker, tuple(args), settings)
+        return _ranks(worker, tuple(args), launch)
     except pickle.UnpicklingError as err:  # a rank sent back something other than data (see helpers._runtime.wire.restrict)
         raise GradingFailure(
-            f"{part}: a rank {where} sent back an object that grading does not load ({err}). Return numbers, "
-            "strings, lists, dicts or tensors."
+            f"a rank {where} sent back an object that grading does not load ({err}). Return numbers, "
+            "strings, lists, dicts or tensors.", part
         ) from None
     except LaunchTimeoutError as err:
         waits = "\n".join(f"  {line}" for line in err.waiting.values())
@@ -303,18 +314,17 @@ def run_ranks(
             happened = (f"your code deadlocked {where}: rank{'s' if len(err.ranks) != 1 else ''} {stuck} waited "
                         f"in {calls} that no rank could ever match; it was stopped.")
         else:
-            happened = f"your code did not finish within {timeout:g} s {where}; it was stopped."
+            happened = f"your code did not finish within {launch.timeout:g} s {where}; it was stopped."
         raise GradingFailure(
-            f"{part}: {happened}\n"
-            f"Where the ranks were waiting:\n{waits}" + (f"\n{notes}" if notes else "")
+            f"{happened}\nWhere the ranks were waiting:\n{waits}" + (f"\n{notes}" if notes else ""), part
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
             call = err.original.call
             what = ("lesson 8's ring from helpers.ring" if call.startswith("helpers.ring.")
-                    else "a built-in collective" if set(forbid) - {helpers.COURSE_RING} <= set(helpers.COLLECTIVES)
+                    else "a built-in collective" if set(launch.forbid) - {helpers.COURSE_RING} <= set(helpers.COLLECTIVES)
                     else "a switched-off call")
-            raise GradingFailure(f"{part}: rank {err.rank} called {what} {where}: {err.exc_message}") from None
+            raise GradingFailure(f"rank {err.rank} called {what} {where}: {err.exc_message}", part) from None
         fault = course_frame(err.frames)
         if fault is not None:
             raise CheckError(
@@ -326,4 +336,4 @@ def run_ranks(
         what = f"raised {err.exc_type}: {err.exc_message}" if err.exc_type else err.exc_message
         hint = f"\n  {hints[err.exc_type]}" if hints and err.exc_type in hints else ""
         tail = _traceback_tail(err.rank_traceback)
-        raise GradingFailure(f"{part}: rank {err.rank} {what} {where}.{hint}" + (f"\n{tail}" if tail else "")) from None
+        raise GradingFailure(f"rank {err.rank} {what} {where}.{hint}" + (f"\n{tail}" if tail else ""), part) from None

@@ -16,12 +16,13 @@ graded cell of every notebook matches a declared part, with the declared points.
 
 A part's ``check`` receives an :class:`Attempt`: the learner's function (``fn``), a
 :meth:`~Attempt.run` that starts fresh ranks with this exercise's switched-off calls,
-and :meth:`~Attempt.fail` for feedback. Shared pieces for checks live here too: seeded
-test tensors, the first difference between two tensors, cases grouped by world size,
-point-to-point traffic from a trace, and plural words.
+and :meth:`~Attempt.fail` for feedback; a check whose answer is a whole script runs it
+under real torchrun agents with :meth:`~Attempt.torchrun` instead. Small pieces checks share
+(seeded tensors, differences, plural words) are in :mod:`autograder.lessons.pieces`.
 
 Example: a whole (tiny) exercise, graded on two ranks::
 
+    >>> from autograder.lessons.pieces import call_learner
     >>> def answer_check(attempt):
     ...     for world_size in (1, 2):
     ...         values = attempt.run(call_learner, world_size, (attempt.fn,))
@@ -41,11 +42,15 @@ import sys
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 from helpers import LaunchResult
 
 from .harness import CheckError, GradingFailure, fresh_seed, require_function, run_ranks
+from .pieces import plural
+
+if TYPE_CHECKING:
+    from .torchrun import ScriptRun
 
 __all__ = [
     "Exercise",
@@ -56,13 +61,6 @@ __all__ = [
     "GradingFailure",
     "CheckError",
     "fresh_seed",
-    "call_learner",
-    "plural",
-    "seeded_tensor",
-    "Difference",
-    "first_difference",
-    "by_world_size",
-    "silent_ranks",
     "SELF_CHECK",
     "HIDDEN_CHECK",
     "HiddenTestUnavailable",
@@ -106,13 +104,21 @@ class Part:
 
     ``says`` is the sentence the cell's heading shows (what the hidden test checks);
     ``check(attempt)`` returns when the answer passes and raises GradingFailure (through
-    ``attempt.fail``) when it does not.
+    ``attempt.fail``) when it does not. ``forbid`` switches more calls off in this part's
+    runs than the exercise does, with ``forbid_reason`` for the learner (for example one
+    method of a class that must be repaired without collectives).
     """
 
     name: str
     points: int
     says: str
     check: Callable[["Attempt"], None]
+    forbid: tuple[str, ...] = ()
+    forbid_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.forbid and not self.forbid_reason:
+            raise ValueError(f"part {self.name!r} switches calls off: give the forbid_reason learners read")
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,20 @@ class Exercise:
     def points(self) -> int:
         """The exercise's points: the sum over its parts."""
         return sum(p.points for p in self.parts)
+
+    def forbidden(self, part: str | None = None) -> dict[str, str]:
+        """The calls switched off in a run of ``part`` (None: the exercise's own), each with its reason.
+
+        >>> ex = Exercise(number="9.1", function="f", title="t", forbid=("all_reduce",), forbid_reason="by hand",
+        ...               parts=(Part("p", 1, "p.", print, forbid=("send",), forbid_reason="no send"),))
+        >>> ex.forbidden(), ex.forbidden("p")
+        ({'all_reduce': 'by hand'}, {'all_reduce': 'by hand', 'send': 'no send'})
+        """
+        calls = dict.fromkeys(self.forbid, self.forbid_reason)
+        if part is not None and part != SELF_CHECK:
+            own = self.part(part)
+            calls.update(dict.fromkeys(own.forbid, own.forbid_reason))
+        return calls
 
     def part(self, name: str) -> Part:
         """The part called ``name``; a ValueError naming the parts there are otherwise."""
@@ -210,9 +230,9 @@ class Exercise:
             cloudpickle.dumps(fn)
         except Exception as exc:  # noqa: BLE001 - whatever the pickler refuses
             raise GradingFailure(
-                f"{part}: `{self.function}` cannot be sent to the fresh processes the checks run it on "
+                f"`{self.function}` cannot be sent to the fresh processes the checks run it on "
                 f"({type(exc).__name__}: {exc}). Create open files, locks, sockets and the like inside "
-                "the function rather than using ones made outside it."
+                "the function rather than using ones made outside it.", part
             ) from None
         return Attempt(self, part, fn)
 
@@ -232,11 +252,22 @@ def _course_faults(ex: Exercise, part: str) -> Iterator[None]:
 
 @dataclass
 class Attempt:
-    """What a part's check works with: the exercise, the part's name and the learner's ``fn``."""
+    """What a part's check works with: the exercise, the part's name and the learner's ``fn``.
+
+    ``rules`` is the part whose switched-off calls apply to this attempt's runs: its own part
+    by default; a self-check that tries every part's program takes each part's rules with
+    :meth:`under`.
+    """
 
     exercise: Exercise
     part: str
     fn: Callable
+    rules: str | None = None
+
+    def under(self, part: str) -> "Attempt":
+        """This attempt with ``part``'s switched-off calls (its name in feedback stays the same)."""
+        self.exercise.part(part)  # a ValueError naming the parts there are, for a typo
+        return Attempt(self.exercise, self.part, self.fn, rules=part)
 
     def run(
         self,
@@ -244,28 +275,47 @@ class Attempt:
         world_size: int,
         args: Sequence[Any] = (),
         *,
-        timeout: float = 10.0,
         context: str = "",
-        trace: bool = False,
-        nnodes: int = 1,
-        init: bool = True,
+        label: str | None = None,
+        function: str | None = None,
+        **settings: Any,
     ) -> LaunchResult:
         """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.lessons.harness.run_ranks`).
 
-        The exercise's ``forbid`` calls are switched off, with its reason, in every run:
-        every hidden part and the visible self-check, so an answer that leans on a
-        built-in collective earns nothing, and "Self-check passed" means the same rules.
+        The calls this attempt's part switches off (:meth:`Exercise.forbidden`) are off, with
+        their reasons, in every run: every hidden part and the visible self-check, so an answer
+        that leans on a built-in collective earns nothing, and "Self-check passed" means the
+        same rules. ``label`` names the run in feedback (default: the part), ``function`` the
+        learner's function (default: the exercise's); ``settings`` are launch settings
+        (``timeout``, ``trace``, ``nnodes``, ``init``; see :class:`helpers.settings.LaunchSettings`).
         """
         ex = self.exercise
         return run_ranks(
-            self.part, worker, world_size, args, exercise=ex.label, function=ex.function, context=context,
-            timeout=timeout, forbid=dict.fromkeys(ex.forbid, ex.forbid_reason),
-            trace=trace, nnodes=nnodes, init=init, hints=ex.hints,
+            label or self.part, worker, world_size, args, exercise=ex.label, function=function or ex.function,
+            context=context, hints=ex.hints, forbid=ex.forbidden(self.rules or self.part), **settings,
         )
+
+    def torchrun(self, nnodes: int, nproc: int, **options: Any) -> "ScriptRun":
+        """The learner's ``main()`` run as a script under ``nnodes`` torchrun agents of ``nproc`` processes.
+
+        Returns the :class:`~autograder.lessons.torchrun.ScriptRun` when every process exited
+        0 in time; fails the part otherwise, with the first failing process's own account. A
+        job runs once per answer and shape, shared by the parts that ask for it; ``options``
+        go to :func:`autograder.lessons.torchrun.run_script` (``replace``, ``timeout``).
+        """
+        from .torchrun import cached_run
+        from .torchrun_feedback import failure_text
+
+        options.setdefault("label", f"{self.exercise.label}'s torchrun job")
+        run = cached_run(self.fn, nnodes, nproc, **options)
+        problem = failure_text(run)
+        if problem:
+            self.fail(problem)
+        return run
 
     def fail(self, text: str) -> NoReturn:
         """Raise GradingFailure with ``text``, after the part's name (``"correct: ..."``)."""
-        raise GradingFailure(f"{self.part}: {text}")
+        raise GradingFailure(text, self.part)
 
 
 class HiddenTestUnavailable(RuntimeError):
@@ -358,118 +408,3 @@ def exercise(number: str) -> Exercise:
             return ex
     known = ", ".join(e.number for e in _declared(modules[lesson], lesson))
     raise LookupError(f"autograder/lessons/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")
-
-
-# -- shared pieces for checks ------------------------------------------------------------
-
-
-def call_learner(rank: int, world_size: int, fn: Callable) -> Any:
-    """A worker that returns ``fn(rank, world_size)``: for exercises judged by return values."""
-    return fn(rank, world_size)
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``"1 rank"``, ``"3 ranks"``.
-
-    >>> plural(1, "rank"), plural(0, "element"), plural(2, "host")
-    ('1 rank', '0 elements', '2 hosts')
-    """
-    return f"{n} {word if n == 1 else many or word + 's'}"
-
-
-def seeded_tensor(shape: tuple, dtype_name: str, seed: int, rank: int, *, int_range: tuple[int, int] = (-1000, 1000)):
-    """Rank ``rank``'s test tensor for ``seed``: the same on every process, new at every grading.
-
-    Integers are drawn from ``int_range`` (uint8 from 0 to 255), floats are normal times 10.
-
-    >>> seeded_tensor((3,), "int64", 7, 1).equal(seeded_tensor((3,), "int64", 7, 1))
-    True
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    if dtype_name == "uint8":
-        return torch.randint(0, 256, shape, generator=g).to(torch.uint8)
-    if dtype_name in ("int64", "int32", "int16", "int8"):
-        return torch.randint(*int_range, shape, generator=g).to(getattr(torch, dtype_name))
-    return (torch.randn(shape, generator=g) * 10).to(getattr(torch, dtype_name))
-
-
-@dataclass(frozen=True)
-class Difference:
-    """How a tensor differs from the expected one: ``what`` in words, and an ``excerpt`` of values.
-
-    ``str()`` gives both: ``"first wrong element at flat index 3\\n  expected [...]\\n  actual   [...]"``.
-    """
-
-    what: str
-    excerpt: str = ""
-
-    def __str__(self) -> str:
-        return self.what + self.excerpt
-
-
-def first_difference(actual, expected, *, tolerance: float | None = None) -> Difference | None:
-    """None when ``actual`` equals ``expected``; else the first difference (shape, dtype, or element).
-
-    Floats are compared within ``tolerance`` (relative and absolute) when it is given,
-    exactly otherwise. The excerpt shows a few values round the first wrong element.
-
-    >>> import torch
-    >>> print(first_difference(torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3])))
-    first wrong element at flat index 1
-      expected [1, 5, 3]
-      actual   [1, 2, 3]
-    """
-    import torch
-
-    if tuple(actual.shape) != tuple(expected.shape):
-        return Difference(f"its shape became {tuple(actual.shape)} instead of {tuple(expected.shape)}")
-    if actual.dtype != expected.dtype:
-        return Difference(f"its dtype became {actual.dtype} instead of {expected.dtype}")
-    if tolerance is not None and expected.is_floating_point():
-        bad = ~torch.isclose(actual.double(), expected.double(), rtol=tolerance, atol=tolerance)
-    else:
-        bad = actual != expected
-    if not bool(bad.any()):
-        return None
-    i = int(bad.reshape(-1).nonzero()[0])
-    a, e = actual.reshape(-1), expected.reshape(-1)
-    return Difference(
-        f"first wrong element at flat index {i}",
-        f"\n  expected {e[max(0, i - 2): i + 6].tolist()}\n  actual   {a[max(0, i - 2): i + 6].tolist()}",
-    )
-
-
-def by_world_size(cases: Iterable[tuple]) -> list[tuple[int, list[tuple]]]:
-    """Cases ``(world size, *rest)`` grouped by world size, smallest first: one launch per size.
-
-    >>> by_world_size([(2, "a"), (1, "b"), (2, "c")])
-    [(1, [('b',)]), (2, [('a',), ('c',)])]
-    """
-    grouped: dict[int, list[tuple]] = {}
-    for world, *rest in cases:
-        grouped.setdefault(world, []).append(tuple(rest))
-    return sorted(grouped.items())
-
-
-def silent_ranks(
-    result: LaunchResult, directions: Sequence[str] = ("sent", "received"), ranks: Iterable[int] | None = None
-) -> list[tuple[int, str]]:
-    """The ranks that sent or received no point-to-point message, in rank order, with the word for it.
-
-    Reads the trace of a launch run with ``trace=True``. ``directions`` holds ``"sent"``
-    and/or ``"received"``; for each rank of ``ranks`` (every rank by default) the first
-    direction in which it was silent is reported: ``[(2, "received")]``.
-    """
-    keys = {"sent": "sent_messages", "received": "recv_messages"}
-    unknown = [d for d in directions if d not in keys]
-    if unknown:
-        raise ValueError(f"directions are 'sent' and 'received', not {unknown}")
-    summary = result.trace.summary()
-    found = []
-    for rank in range(len(result)) if ranks is None else ranks:
-        word = next((d for d in directions if summary[rank][keys[d]] == 0), None)
-        if word:
-            found.append((rank, word))
-    return found

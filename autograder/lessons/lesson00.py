@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kit import Attempt, Exercise, Part, call_learner, plural
+from .kit import Attempt, Exercise, Part
+from .pieces import call_learner, plural
 
 __all__ = ["EXERCISES", "exercise_0_1", "WORLD_SIZES"]
 

@@ -38,7 +38,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from .kit import Attempt, Exercise, Part, call_learner, plural
+from .kit import Attempt, Exercise, Part
+from .pieces import call_learner, plural
 
 __all__ = ["EXERCISES", "exercise_1_1", "exercise_1_2", "KEYS", "LAYOUTS"]
 

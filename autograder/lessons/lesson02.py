@@ -43,7 +43,8 @@ from typing import Any, Callable
 
 from helpers import DATA_COLLECTIVES
 
-from .kit import Attempt, Exercise, Part, fresh_seed, plural, silent_ranks
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import plural, silent_ranks
 
 __all__ = ["EXERCISES", "exercise_2_1", "draw_values"]
 

@@ -45,7 +45,8 @@ from typing import Any, Callable
 
 from helpers import DATA_COLLECTIVES
 
-from .kit import Attempt, Exercise, Part, by_world_size, first_difference, fresh_seed, plural, seeded_tensor, silent_ranks
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import by_world_size, first_difference, plural, seeded_tensor, silent_ranks
 
 __all__ = ["EXERCISES", "exercise_3_1", "exercise_3_2", "exercise_3_3", "BROADCAST_CASES", "ALL_GATHER_CASES",
            "HIERARCHY_CASES"]

@@ -38,7 +38,9 @@ from typing import Any, Callable
 
 from helpers import DDP
 
-from .kit import Attempt, Exercise, Part, fresh_seed, plural
+from .gradcheck import grad_worker, graded_batch, graded_model, judge_signature, shard_loss, signature_worker
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import plural
 
 __all__ = ["EXERCISES", "exercise_5_1", "exercise_5_2"]
 
@@ -58,105 +60,6 @@ _MODEL_WORDS = {
 }
 
 
-# -- models and data, the same on every process --------------------------------------------
-
-
-def _model(kind: str, dtype_name: str, seed: int):
-    import torch
-    import torch.nn as nn
-
-    class TwoHeads(nn.Module):
-        """``body`` then ``head``; ``spare``, where the kind has one, is a second head used
-        only where ``use_spare``; ``square`` (tied kind) is one weight applied twice."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = nn.Linear(5, 6)
-            self.head = nn.Linear(6, 3)
-            self.spare = nn.Linear(6, 3) if kind in ("unused_everywhere", "unused_on_rank_0") else None
-            self.square = nn.Linear(6, 6, bias=False) if kind == "tied" else None
-
-        def forward(self, x, use_spare: bool = False):
-            h = torch.tanh(self.body(x))
-            if self.square is not None:
-                h = torch.tanh(self.square(torch.tanh(self.square(h))))
-            out = self.head(h)
-            return out + self.spare(h) if use_spare else out
-
-    torch.manual_seed(seed)
-    model = TwoHeads().to(getattr(torch, dtype_name))
-    if kind == "frozen":
-        model.body.bias.requires_grad_(False)
-    return model
-
-
-def _batch(seed: int, size: int, dtype_name: str):
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 17)
-    return torch.randn(size, 5, generator=g).to(getattr(torch, dtype_name)), torch.randint(0, 3, (size,), generator=g)
-
-
-def _shard_loss(model, kind: str, x, y, rank: int):
-    import torch.nn.functional as F
-
-    return F.cross_entropy(model(x, use_spare=kind == "unused_on_rank_0" and rank == 0), y)
-
-
-def _reference_grads(kind: str, dtype_name: str, seed: int, world_size: int, per_rank: int) -> dict[str, Any]:
-    """The mean over ranks of each shard's gradient, computed in this one process.
-
-    For a plain model that is the whole batch's gradient; a parameter no shard touches
-    stays None.
-    """
-    x, y = _batch(seed, per_rank * world_size, dtype_name)
-    model = _model(kind, dtype_name, seed)
-    for r in range(world_size):
-        part = slice(r * per_rank, (r + 1) * per_rank)
-        (_shard_loss(model, kind, x[part], y[part], r) / world_size).backward()
-    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
-
-
-# -- what runs on the ranks ----------------------------------------------------------------
-
-
-def _signature_worker(rank: int, world_size: int, fn: Callable) -> list[float]:
-    """Each rank's gradient is 2**rank everywhere; returns what each rank ends with."""
-    import torch
-
-    weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
-    weight.grad = torch.full((3,), float(2 ** rank), dtype=torch.float64)
-    fn(torch.nn.ParameterList([weight]))
-    return weight.grad.tolist() if weight.grad is not None else None
-
-
-def _grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name: str, seed: int,
-                 per_rank: int, spread: bool) -> dict[str, Any]:
-    """One backward pass on this rank's shard, then the learner's averaging.
-
-    With ``spread`` every rank's weights differ a little (the learner must not touch them).
-    """
-    import torch
-
-    x, y = _batch(seed, per_rank * world_size, dtype_name)
-    model = _model(kind, dtype_name, seed)
-    if spread:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.01 * (rank + 1))
-    part = slice(rank * per_rank, (rank + 1) * per_rank)
-    _shard_loss(model, kind, x[part], y[part], rank).backward()
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    reference = None if spread else _reference_grads(kind, dtype_name, seed, world_size, per_rank)
-    fn(model)
-    return {
-        "reference": reference,
-        "grads": {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()},
-        "changed": [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])],
-        "equal_after": {name: p.detach().clone() for name, p in model.named_parameters()},
-    }
-
-
 def _training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, seed: int, steps: int,
                      per_rank: int) -> dict[str, Any]:
     """``steps`` steps with the learner's averaging, and the same steps in one process here."""
@@ -170,22 +73,22 @@ def _training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, s
         return torch.optim.Adam(params, lr=0.02)
 
     def batch(step):
-        return _batch(seed + 1000 * (step + 1), per_rank * world_size, "float64")
+        return graded_batch(seed + 1000 * (step + 1), per_rank * world_size, "float64")
 
-    single = _model("mlp", "float64", seed)  # one process on the whole batch, before the learner's code runs
+    single = graded_model("mlp", "float64", seed)  # one process on the whole batch, before the learner's code runs
     opt_single = make_optimizer(single.parameters())
     for step in range(steps):
         x, y = batch(step)
         opt_single.zero_grad()
-        _shard_loss(single, "mlp", x, y, rank).backward()
+        shard_loss(single, "mlp", x, y, rank).backward()
         opt_single.step()
-    mine = _model("mlp", "float64", seed)
+    mine = graded_model("mlp", "float64", seed)
     opt_mine = make_optimizer(mine.parameters())
     part = slice(rank * per_rank, (rank + 1) * per_rank)
     for step in range(steps):
         x, y = batch(step)
         opt_mine.zero_grad()
-        _shard_loss(mine, "mlp", x[part], y[part], rank).backward()
+        shard_loss(mine, "mlp", x[part], y[part], rank).backward()
         fn(mine)
         opt_mine.step()
     worst = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), single.parameters()))
@@ -193,41 +96,6 @@ def _training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, s
 
 
 # -- judging 5.1 ---------------------------------------------------------------------------
-
-
-def _decode_signature(value: float, world_size: int) -> str:
-    """What a signature sum says: which ranks' 2**rank are in it, and what it was divided by."""
-    for divisor in (world_size, 1):
-        total = value * divisor
-        if abs(total - round(total)) < 1e-9 and 0 < round(total) < 2 ** world_size:
-            ranks = [r for r in range(world_size) if int(round(total)) >> r & 1]
-            divided = f"divided by {divisor}" if divisor != 1 else "not divided"
-            return f"the sum of ranks {ranks}'s gradients, {divided}"
-    return "no sum of the ranks' gradients"
-
-
-def _judge_signature(attempt: Attempt, world_size: int, values: list) -> None:
-    want = (2 ** world_size - 1) / world_size
-    where = f"on {plural(world_size, 'rank')}, each rank's gradient set to 2**rank (1, 2, 4, ...)"
-    got = [None if v is None else v[0] for v in values]
-    if all(v is not None and abs(v - want) < 1e-9 for v in got):
-        return
-    if any(v is None for v in got):
-        rank = got.index(None)
-        attempt.fail(f"{where}: rank {rank}'s .grad became None; it should hold the mean, {want:g}.")
-    summary = "; ".join(f"rank {r} ended with {v:g}" for r, v in enumerate(got))
-    hint = ""
-    if all(abs(v - (2 ** world_size - 1)) < 1e-9 for v in got):
-        hint = (f" Every rank holds the sum, {2 ** world_size - 1}: exactly world_size = {world_size} times too "
-                "large. Did you divide by the world size?")
-    elif abs(got[0] - want) < 1e-9 or abs(got[0] - (2 ** world_size - 1)) < 1e-9:
-        hint = (" Rank 0 is right but the others are not: the sum reached rank 0 only, as with dist.reduce. "
-                "Use dist.all_reduce so that every rank gets it.")
-    elif all(abs(v - 2 ** r) < 1e-9 or abs(v - 2 ** r / world_size) < 1e-9 for r, v in enumerate(got)):
-        hint = " Each rank kept its own gradient: nothing was summed across the ranks."
-    else:
-        hint = " Rank 0's value is " + _decode_signature(got[0], world_size) + "."
-    attempt.fail(f"{where}: every rank should end with the mean {want:g}; {summary}.{hint}")
 
 
 def _judge_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, replies: list[dict]) -> None:
@@ -266,7 +134,7 @@ def _judge_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, 
 def _run_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, *, spread: bool = False) -> list[dict]:
     seed, per_rank = fresh_seed(), 3
     timeout = TIMEOUT_UNUSED if kind.startswith("unused") else TIMEOUT
-    result = attempt.run(_grad_worker, world_size, (attempt.fn, kind, dtype_name, seed, per_rank, spread),
+    result = attempt.run(grad_worker, world_size, (attempt.fn, kind, dtype_name, seed, per_rank, spread),
                          timeout=timeout, context=_MODEL_WORDS[kind])
     if not spread:
         _judge_grads(attempt, kind, dtype_name, world_size, list(result))
@@ -275,9 +143,9 @@ def _run_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, *,
 
 def _signatures(attempt: Attempt, world_sizes: tuple[int, ...]) -> None:
     for world_size in world_sizes:
-        values = attempt.run(_signature_worker, world_size, (attempt.fn,), timeout=TIMEOUT,
+        values = attempt.run(signature_worker, world_size, (attempt.fn,), timeout=TIMEOUT,
                              context="each rank's gradient set to 2**rank")
-        _judge_signature(attempt, world_size, list(values))
+        judge_signature(attempt, world_size, list(values))
 
 
 def _correct(attempt: Attempt) -> None:

@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from helpers import DDP
 
-from .kit import Attempt, Exercise, Part, fresh_seed, plural
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import plural
 
 __all__ = ["EXERCISES", "exercise_6_1", "layer_sizes", "bucket_layout"]
 

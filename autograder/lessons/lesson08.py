@@ -40,21 +40,15 @@ from typing import Any
 
 from helpers import DATA_COLLECTIVES
 
-from .harness import GradingFailure, run_ranks
-from .kit import Attempt, Exercise, Part, first_difference, fresh_seed, plural
+from .harness import GradingFailure
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import first_difference, plural
 
 __all__ = ["EXERCISES", "exercise_8_1", "PROGRAMS", "reference"]
 
 TIMEOUT = 5.0  # a repaired program finishes in well under a second on 4 ranks
 WORLDS = (2, 3, 4)
 PROGRAMS = {"hang": "pass_right", "wrong_result": "global_mean", "crash": "gather_all"}
-_FORBID = {
-    "pass_right": dict.fromkeys(
-        DATA_COLLECTIVES,
-        "pass_right is repaired by ordering its point-to-point calls (isend/irecv, or send and recv in an order "
-        "that pairs up), not by replacing them with a collective",
-    ),
-}
 
 
 # -- the data, the same on every process for one seed ------------------------------------
@@ -145,17 +139,20 @@ def _judge(attempt: Attempt, program: str, seed: int, world_size: int, values: l
 
 
 def _run_program(attempt: Attempt, program: str, worlds: tuple[int, ...] = WORLDS) -> None:
-    """Run ``program`` of the learner's class on each world size, with a fresh seed; fail on the first fault."""
+    """Run ``program`` of the learner's class on each world size, with a fresh seed; fail on the first fault.
+
+    The runs follow the rules of the part that grades ``program`` (``pass_right`` without collectives).
+    """
     if not callable(getattr(attempt.fn, program, None)):
         attempt.fail(f"`{attempt.exercise.function}` has no method `{program}`: keep the three methods the "
                      f"exercise cell gives, each with @staticmethod and the arguments (rank, world_size, x).")
+    part = next(name for name, p in PROGRAMS.items() if p == program)
     for world_size in worlds:
         seed = fresh_seed()
-        ex = attempt.exercise
-        values = run_ranks(
-            f"{attempt.part} ({program})", _program_worker, world_size, (attempt.fn, program, seed),
-            exercise=ex.label, function=f"{ex.function}.{program}", timeout=TIMEOUT,
-            context=_describe(program, seed, world_size), forbid=_FORBID.get(program, {}),
+        values = attempt.under(part).run(
+            _program_worker, world_size, (attempt.fn, program, seed), timeout=TIMEOUT,
+            context=_describe(program, seed, world_size), label=f"{attempt.part} ({program})",
+            function=f"{attempt.exercise.function}.{program}",
         )
         _judge(attempt, program, seed, world_size, list(values))
 
@@ -194,7 +191,9 @@ exercise_8_1 = Exercise(
     title="repair three broken programs",
     parts=(
         Part("hang", 2, "pass_right finishes on 2, 3 and 4 ranks, each rank returning its left neighbour's tensor.",
-             _hang),
+             _hang, forbid=DATA_COLLECTIVES,
+             forbid_reason="pass_right is repaired by ordering its point-to-point calls (isend/irecv, or send and "
+                           "recv in an order that pairs up), not by replacing them with a collective"),
         Part("wrong_result", 2, "global_mean returns the mean of every rank's elements on 2, 3 and 4 ranks.",
              _wrong_result),
         Part("crash", 2, "gather_all returns every rank's tensor, in rank order, on 2, 3 and 4 ranks.", _crash),

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 # The bucket rule is the exercise's statement, not its answer: learners get it too.
 # So is the split of a tensor into chunks (lesson 4).
-from autograder.lessons.lesson04 import chunk_bounds  # absolute: this file is also imported as plain `reference`
+from autograder.lessons.ringcheck import chunk_bounds  # absolute: this file is also imported as plain `reference`
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",

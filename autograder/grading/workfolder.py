@@ -1,0 +1,207 @@
+"""One submission's private work folder, and the nbgrader and clean re-grade runs inside it.
+
+:class:`Job` copies nbgrader's configuration, the gradebook template and the submission into a
+folder of its own, gives nbgrader's API over it (set up to run the kernel in the grading
+sandbox), and starts and waits for the clean re-grade (:mod:`autograder.grading.clean`) as a
+process of its own session. :class:`Tail` keeps the start and end of what a child process
+writes to its error output, so a flood costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .task import Task
+
+__all__ = ["Job", "Tail", "text_tail", "RANK_FACTORY_ENV", "CLEAN_TIMEOUT"]
+
+
+#: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
+CLEAN_TIMEOUT = float(os.environ.get("COURSE_CLEAN_TIMEOUT", "600"))
+
+
+#: The most of a process's error output kept in the log (its start and its end).
+_KEEP_BYTES = 64 << 10
+
+
+#: For the kernel and the clean re-grade, which launch ranks (this process sets ``HELPERS_PRESTART=0``
+#: for itself, and the sandbox passes ``HELPERS_*`` on): the rank factory starts when helpers is
+#: imported, and imports at once what every rank that builds an optimizer would import again
+#: (see ``helpers._runtime.factory_process``). Without it lesson 05's clean checks took 10.3 s instead of 4.2 s.
+RANK_FACTORY_ENV = {"HELPERS_PRESTART": "1", "HELPERS_WARM_UP": "now"}
+
+
+class Tail:
+    """A pipe whose other end a child process writes; a thread keeps its first and last bytes.
+
+    Its :attr:`path` (``/proc/<this pid>/fd/<n>``) opens the pipe's writing end from another
+    process, so a kernel that floods its error output costs this process nothing.
+    """
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()
+        self._write: int | None = write
+        self.path = f"/proc/{os.getpid()}/fd/{write}"
+        self._head, self._tail, self._dropped = bytearray(), bytearray(), 0
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            room = _KEEP_BYTES // 8 - len(self._head)
+            if room > 0:
+                self._head += data[:room]
+                data = data[room:]
+            self._tail += data
+            if len(self._tail) > _KEEP_BYTES:
+                self._dropped += len(self._tail) - _KEEP_BYTES
+                del self._tail[:len(self._tail) - _KEEP_BYTES]
+        os.close(self._read)
+
+    def close(self) -> str:
+        """Stop writing here (children may still hold the pipe: wait briefly), and return what was kept."""
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
+            self._thread.join(timeout=2.0)
+        gap = f"\n[... {self._dropped} bytes left out ...]\n" if self._dropped else ""
+        return (bytes(self._head) + gap.encode() + bytes(self._tail)).decode("utf-8", "replace")
+
+
+def text_tail(path: Path) -> str:
+    """The start and end of a file a child process wrote (at most :data:`_KEEP_BYTES`)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            if size <= _KEEP_BYTES:
+                return f.read().decode("utf-8", "replace")
+            head = f.read(_KEEP_BYTES // 8)
+            f.seek(size - _KEEP_BYTES * 7 // 8)
+            tail = f.read()
+        return (head + f"\n[... {size - len(head) - len(tail)} bytes left out ...]\n".encode() + tail).decode(
+            "utf-8", "replace")
+    except OSError:
+        return ""
+
+
+class Job:
+    """One submission's work folder, and the nbgrader and clean runs inside it."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.folder = Path(tempfile.mkdtemp(prefix="course-grading-"))
+        self.work = self.folder / "autograder"
+        self.work.mkdir()
+        shutil.copy2(task.course / "nbgrader_config.py", self.folder / "nbgrader_config.py")
+        (self.folder / "solutions").symlink_to(task.course / "solutions")
+        shutil.copy2(task.template, self.work / "gradebook.db")
+        shutil.copytree(task.submitted, self.work / "submitted" / task.student / task.lesson)
+        self.autograded = self.work / "autograded" / task.student / task.lesson
+        self.runtime = self.folder / "runtime"
+        self.runtime.mkdir()
+        self.clean_folder = self.folder / "clean"
+        self.clean_folder.mkdir()
+        self.clean_process: subprocess.Popen | None = None
+        self.clean_started: float | None = None
+
+    @property
+    def notebook(self) -> Path:
+        return self.autograded / f"{self.task.lesson}.ipynb"
+
+    def box(self, writable: list[Path], env: dict[str, str] | None = None):
+        from .sandbox import Sandbox
+
+        return Sandbox(writable=writable, hidden=[self.task.course, self.folder], env=env or {})
+
+    def api(self, kernel_stderr: str | None = None) -> Any:
+        """nbgrader's API over this work folder; with ``kernel_stderr``, set up to autograde: the kernel in
+        the sandbox (from the spec in ``jupyter/``, which goes first on JUPYTER_PATH while it starts), over
+        Unix sockets, its error output to that file, and watched (autograder.course.preprocessors)."""
+        from nbgrader.converters import Autograde
+        from nbgrader.preprocessors import Execute
+
+        from ..course.build import nbgrader_api
+        from ..lessons.kit import CLEAN_RUN_DECIDES
+        from ..course.preprocessors import SANITIZE, KeepSanitized, WatchedExecute
+        from .sandbox import kernel_spec
+
+        if kernel_stderr is None:
+            return nbgrader_api(self.folder)
+        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_PRESTART": "1"}
+        self.autograded.mkdir(parents=True, exist_ok=True)
+        box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
+        kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
+        return nbgrader_api(self.folder, **{
+            "Autograde.sanitize_preprocessors": [*SANITIZE, KeepSanitized],
+            "Autograde.autograde_preprocessors": [WatchedExecute if p is Execute else p for p in
+                                                  Autograde.class_traits()["autograde_preprocessors"].default()],
+            "KernelManager.transport": "ipc",
+            "KernelManager.ip": str(self.runtime / "kernel"),
+            "KernelManager.connection_file": str(self.runtime / "kernel.json"),
+        })
+
+    def start_clean(self, notebook: Any) -> None:
+        """Start the clean re-grade of ``notebook`` (the restored one, before it runs) in the background."""
+        import nbformat
+
+        from ..course.cells import lesson_number
+
+        copy = self.clean_folder / "submission.ipynb"
+        nbformat.write(notebook, copy)
+        argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(self.notebook))]
+        if self.task.sandboxed:
+            argv = self.box([self.clean_folder], RANK_FACTORY_ENV).wrap(argv)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **RANK_FACTORY_ENV)
+        env.pop("COURSE_CLEAN_RUN_DECIDES", None)
+        with (self.folder / "clean.out").open("wb") as out, (self.folder / "clean.err").open("wb") as err:
+            self.clean_started = time.monotonic()
+            self.clean_process = subprocess.Popen(argv, cwd=self.clean_folder, env=env, stdout=out, stderr=err,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def finish_clean(self) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, str]:
+        """Wait for the clean re-grade: (one result per part, its first line, why it stopped early or None, its log)."""
+        process, stopped = self.clean_process, None
+        if process is None:
+            return [], {}, "it did not start", ""
+        remaining = CLEAN_TIMEOUT - (time.monotonic() - (self.clean_started or time.monotonic()))
+        try:
+            code = process.wait(timeout=max(1.0, remaining))
+            if code != 0:
+                stopped = f"it exited with code {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)  # its own session: the sandbox and everything in it
+            process.wait()
+            stopped = f"it did not finish within {CLEAN_TIMEOUT:g} s and was stopped"
+        lines = []
+        for line in (self.folder / "clean.out").read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    lines.append(json.loads(line))
+                except ValueError:
+                    pass
+        head = next((line for line in lines if "left_out" in line), {})
+        errors = text_tail(self.folder / "clean.err")
+        if stopped and errors.strip():
+            stopped += ": " + errors.strip().splitlines()[-1]
+        return [line for line in lines if "part" in line], head, stopped, errors
+
+    def remove(self) -> None:
+        if self.clean_process is not None and self.clean_process.poll() is None:
+            os.killpg(self.clean_process.pid, 9)
+            self.clean_process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)

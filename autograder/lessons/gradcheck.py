@@ -1,0 +1,153 @@
+"""Checks of hand-built gradient averaging (lesson 05): the graded models and data, and what runs on the ranks.
+
+- :func:`graded_model`, :func:`graded_batch`, :func:`shard_loss`: the same model and data on
+  every process for one seed, in the kinds Exercise 5.1 is tried on (plain, a frozen bias, an
+  unused head, a head one rank uses, tied weights);
+- :func:`reference_grads`: the mean over the ranks of each shard's gradient, in one process;
+- :func:`grad_worker` (on the ranks): one backward pass on this rank's shard, then the
+  learner's ``average_gradients``; it returns the gradients, the reference and what changed;
+- :func:`signature_worker` and :func:`judge_signature`: every rank's gradient set to 2**rank,
+  so the value each rank ends with says which ranks were summed and what it was divided by.
+
+The lesson's exercises and parts are declared in :mod:`autograder.lessons.lesson05`; this
+module ships to learners with it (the self-checks use it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .kit import Attempt
+from .pieces import plural
+
+__all__ = ["graded_model", "graded_batch", "shard_loss", "reference_grads", "grad_worker", "signature_worker",
+           "judge_signature"]
+
+
+def graded_model(kind: str, dtype_name: str, seed: int):
+    import torch
+    import torch.nn as nn
+
+    class TwoHeads(nn.Module):
+        """``body`` then ``head``; ``spare``, where the kind has one, is a second head used
+        only where ``use_spare``; ``square`` (tied kind) is one weight applied twice."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(5, 6)
+            self.head = nn.Linear(6, 3)
+            self.spare = nn.Linear(6, 3) if kind in ("unused_everywhere", "unused_on_rank_0") else None
+            self.square = nn.Linear(6, 6, bias=False) if kind == "tied" else None
+
+        def forward(self, x, use_spare: bool = False):
+            h = torch.tanh(self.body(x))
+            if self.square is not None:
+                h = torch.tanh(self.square(torch.tanh(self.square(h))))
+            out = self.head(h)
+            return out + self.spare(h) if use_spare else out
+
+    torch.manual_seed(seed)
+    model = TwoHeads().to(getattr(torch, dtype_name))
+    if kind == "frozen":
+        model.body.bias.requires_grad_(False)
+    return model
+
+
+def graded_batch(seed: int, size: int, dtype_name: str):
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 17)
+    return torch.randn(size, 5, generator=g).to(getattr(torch, dtype_name)), torch.randint(0, 3, (size,), generator=g)
+
+
+def shard_loss(model, kind: str, x, y, rank: int):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(model(x, use_spare=kind == "unused_on_rank_0" and rank == 0), y)
+
+
+def reference_grads(kind: str, dtype_name: str, seed: int, world_size: int, per_rank: int) -> dict[str, Any]:
+    """The mean over ranks of each shard's gradient, computed in this one process.
+
+    For a plain model that is the whole batch's gradient; a parameter no shard touches
+    stays None.
+    """
+    x, y = graded_batch(seed, per_rank * world_size, dtype_name)
+    model = graded_model(kind, dtype_name, seed)
+    for r in range(world_size):
+        part = slice(r * per_rank, (r + 1) * per_rank)
+        (shard_loss(model, kind, x[part], y[part], r) / world_size).backward()
+    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+
+
+def signature_worker(rank: int, world_size: int, fn: Callable) -> list[float]:
+    """Each rank's gradient is 2**rank everywhere; returns what each rank ends with."""
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    weight.grad = torch.full((3,), float(2 ** rank), dtype=torch.float64)
+    fn(torch.nn.ParameterList([weight]))
+    return weight.grad.tolist() if weight.grad is not None else None
+
+
+def grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name: str, seed: int,
+                 per_rank: int, spread: bool) -> dict[str, Any]:
+    """One backward pass on this rank's shard, then the learner's averaging.
+
+    With ``spread`` every rank's weights differ a little (the learner must not touch them).
+    """
+    import torch
+
+    x, y = graded_batch(seed, per_rank * world_size, dtype_name)
+    model = graded_model(kind, dtype_name, seed)
+    if spread:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (rank + 1))
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    shard_loss(model, kind, x[part], y[part], rank).backward()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    reference = None if spread else reference_grads(kind, dtype_name, seed, world_size, per_rank)
+    fn(model)
+    return {
+        "reference": reference,
+        "grads": {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()},
+        "changed": [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])],
+        "equal_after": {name: p.detach().clone() for name, p in model.named_parameters()},
+    }
+
+
+def _decode_signature(value: float, world_size: int) -> str:
+    """What a signature sum says: which ranks' 2**rank are in it, and what it was divided by."""
+    for divisor in (world_size, 1):
+        total = value * divisor
+        if abs(total - round(total)) < 1e-9 and 0 < round(total) < 2 ** world_size:
+            ranks = [r for r in range(world_size) if int(round(total)) >> r & 1]
+            divided = f"divided by {divisor}" if divisor != 1 else "not divided"
+            return f"the sum of ranks {ranks}'s gradients, {divided}"
+    return "no sum of the ranks' gradients"
+
+
+def judge_signature(attempt: Attempt, world_size: int, values: list) -> None:
+    want = (2 ** world_size - 1) / world_size
+    where = f"on {plural(world_size, 'rank')}, each rank's gradient set to 2**rank (1, 2, 4, ...)"
+    got = [None if v is None else v[0] for v in values]
+    if all(v is not None and abs(v - want) < 1e-9 for v in got):
+        return
+    if any(v is None for v in got):
+        rank = got.index(None)
+        attempt.fail(f"{where}: rank {rank}'s .grad became None; it should hold the mean, {want:g}.")
+    summary = "; ".join(f"rank {r} ended with {v:g}" for r, v in enumerate(got))
+    hint = ""
+    if all(abs(v - (2 ** world_size - 1)) < 1e-9 for v in got):
+        hint = (f" Every rank holds the sum, {2 ** world_size - 1}: exactly world_size = {world_size} times too "
+                "large. Did you divide by the world size?")
+    elif abs(got[0] - want) < 1e-9 or abs(got[0] - (2 ** world_size - 1)) < 1e-9:
+        hint = (" Rank 0 is right but the others are not: the sum reached rank 0 only, as with dist.reduce. "
+                "Use dist.all_reduce so that every rank gets it.")
+    elif all(abs(v - 2 ** r) < 1e-9 or abs(v - 2 ** r / world_size) < 1e-9 for r, v in enumerate(got)):
+        hint = " Each rank kept its own gradient: nothing was summed across the ranks."
+    else:
+        hint = " Rank 0's value is " + _decode_signature(got[0], world_size) + "."
+    attempt.fail(f"{where}: every rank should end with the mean {want:g}; {summary}.{hint}")
+

@@ -1,0 +1,294 @@
+"""Run a learner's ``main()`` as a script under real ``torchrun`` agents, and read what each process did.
+
+An exercise whose answer is a whole training script (lesson 07) is checked the way it will
+really run: :func:`run_script` writes the learner's ``main`` into ``train.py`` with
+:func:`helpers.export_script`, starts ``nnodes`` agents of ``nproc`` processes each
+(``torch.distributed.run.main``, the function behind the ``torchrun`` command; several
+agents on this machine stand for several hosts), stops the job at a time limit with
+everything it started, and returns a :class:`ScriptRun`: exit codes, output, and typed
+records written by the processes themselves. :meth:`~autograder.lessons.kit.Attempt.torchrun`
+is how a part's check asks for one; it fails the part with
+:func:`autograder.lessons.torchrun_feedback.failure_text` when the job did not succeed.
+
+Every process runs the learner's script inside a small wrapper (``torchrun_programs.WRAPPER``) that writes,
+as JSON in the job's folder:
+
+- ``saves.jsonl``: every ``torch.save`` (rank and path);
+- ``exit-RANK.json``: whether the process group was still alive at exit, and its threads;
+- ``error-RANK.json``: how the script ended when it did not return: the exception's type,
+  message and frames (file, line, function, source), none for ``sys.exit`` (its output says
+  why), and the command-line options the script declared with ``argparse``; feedback is built
+  from these fields, never from the text of a traceback;
+- ``stack-RANK.txt``: ``faulthandler``'s dump of every thread, shortly before the time limit.
+
+The agent keeps what its ``ChildFailedError`` knows of each failed process (rank, local
+rank, exit code, time) in ``failures-NODE.json``; ``--log-dir`` keeps each process's stdout
+and stderr. The first failure in time is the root cause. (No runnable example here: one job
+takes a minute on a busy 2-core machine; ``tests/test_lesson07.py`` runs real ones.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from helpers._runtime.diagnose import parse_dump
+from helpers._runtime.spec import free_port
+
+from .torchrun_programs import AGENT, WRAPPER
+
+__all__ = ["ScriptRun", "Failure", "Frame", "run_script", "cached_run", "SCRIPT", "RUN_TIMEOUT", "STDERR_LINES"]
+
+SCRIPT = "train.py"  # the learner's script, as the feedback names it
+RUN_TIMEOUT = 90.0  # one job: 4-6 processes importing torch on 2 cores take 10-20 s
+STDERR_LINES = 8  # a failed process's last lines shown in feedback
+GRACE_AFTER_FAILURE = 15.0  # how long the other agents may take to end once one agent failed
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a process's traceback: file, line, function and the source line."""
+
+    filename: str
+    lineno: int
+    name: str
+    line: str = ""
+
+    @property
+    def in_script(self) -> bool:
+        """Whether the frame is in the learner's script (not the wrapper, runpy, torch or Python)."""
+        return Path(self.filename).name == SCRIPT
+
+
+@dataclass
+class Failure:
+    """One process of a job that failed, as its agent and its own error record saw it.
+
+    ``exc_type`` and ``exc_message`` are the exception that ended it, ``frames`` its traceback
+    (outermost first) and ``options`` the command-line options its script declared, all from
+    ``error-RANK.json``; they are empty when it died without a Python exception (a signal,
+    ``os._exit``). ``stderr``/``stdout`` are its last lines on each stream; ``when`` orders failures.
+    """
+
+    agent: int
+    rank: int
+    local_rank: int | None
+    exitcode: int | None
+    when: float
+    exc_type: str = ""
+    exc_message: str = ""
+    frames: list[Frame] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)
+
+    @property
+    def signal(self) -> str | None:
+        """``SIGKILL`` for a process a signal ended (negative exit code), else None."""
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def exception(self) -> str:
+        """``ValueError: bad batch``, or ``""`` without a Python exception."""
+        if not self.exc_type:
+            return ""
+        return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+
+
+@dataclass
+class ScriptRun:
+    """What one job of the learner's script did."""
+
+    nnodes: int
+    nproc: int
+    folder: Path
+    codes: list[int | None]
+    output: list[str]
+    timed_out: bool = False
+    timeout: float = RUN_TIMEOUT
+    saves: list[dict] = field(default_factory=list)
+    exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
+    threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
+    stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
+    failures: list[Failure] = field(default_factory=list)  # first in time first
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(code == 0 for code in self.codes)
+
+    @property
+    def where(self) -> str:
+        each = f"{self.nproc} process{'es' if self.nproc != 1 else ''}"
+        return (f"{self.nnodes} torchrun agents (simulated hosts) of {each} each" if self.nnodes > 1
+                else f"one torchrun agent of {each}")
+
+    def source(self, lineno: int) -> str:
+        """Line ``lineno`` of the learner's script, stripped ("" when there is none)."""
+        try:
+            return (self.folder / SCRIPT).read_text().splitlines()[lineno - 1].strip()
+        except (OSError, IndexError):
+            return ""
+
+    def tail(self, n: int = 12) -> str:
+        lines = [line for line in self.output if line.strip("* ")]
+        return "\n".join("  " + line[:200] for line in lines[-n:]) or "  (no output)"
+
+
+_runs: dict[tuple, ScriptRun] = {}
+_folders: list[Path] = []  # every job's folder, removed when this process ends
+
+
+@atexit.register
+def _remove_folders() -> None:
+    for folder in _folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_script(fn: Callable, nnodes: int, nproc: int, *, replace: Mapping[str, Any] | None = None,
+               timeout: float = RUN_TIMEOUT, label: str = "the torchrun job") -> ScriptRun:
+    """Run ``fn`` as ``main()`` of a script under ``nnodes`` torchrun agents of ``nproc`` processes.
+
+    ``replace`` names what the script gets from the course instead of the notebook (see
+    :func:`helpers.export_script`). The job is stopped, with every process it started, at
+    ``timeout`` seconds, or shortly after one agent failed.
+    """
+    from helpers import Interrupted, export_script, start
+
+    folder = Path(tempfile.mkdtemp(prefix="course-script-"))
+    _folders.append(folder)
+    export_script(fn, folder / SCRIPT, setup=False, replace=dict(replace or {}))
+    (folder / "graded_run.py").write_text(WRAPPER)
+    (folder / "graded_agent.py").write_text(AGENT)
+    port = free_port()
+    env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(max(timeout - 10, 1.0)), "PYTHONPATH": "",
+           "OMP_NUM_THREADS": "1"}
+    jobs = []
+    for node in range(nnodes):
+        rendezvous = (["--standalone"] if nnodes == 1 else
+                      [f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"])
+        # --log-dir keeps each process's stdout, stderr and error file; --tee=3 still shows them in the output.
+        logs = ["--tee=3", f"--log-dir={folder / f'logs-{node}'}"]
+        jobs.append(start([sys.executable, str(folder / "graded_agent.py"), *rendezvous, f"--nproc-per-node={nproc}",
+                           "--max-restarts=0", *logs, "graded_run.py"],
+                          cwd=folder, env={**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")},
+                          output="quiet", label=f"agent {node}"))
+    timed_out = False
+    deadline = time.monotonic() + timeout
+    try:
+        while any(job.running() for job in jobs):
+            now = time.monotonic()
+            failed = any(job.returncode not in (None, 0) for job in jobs)
+            if now >= deadline:
+                timed_out = not failed  # a stop after an agent failed is that failure's doing, not a hang
+                break
+            if failed:  # one agent failed: the others get a short grace period, not the whole timeout
+                deadline = min(deadline, now + GRACE_AFTER_FAILURE)
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # the stop button
+        raise Interrupted(f"{label} was interrupted; every process it started was stopped.") from None
+    finally:
+        for job in jobs:
+            job.stop()
+    run = ScriptRun(nnodes, nproc, folder, [job.returncode for job in jobs],
+                    [f"[{job.label}] {line}" for job in jobs for line in job.lines], timed_out, timeout)
+    (folder / "output.txt").write_text("\n".join(run.output) + "\n")  # the whole job's output, for instructors
+    _read_records(run)
+    return run
+
+
+def cached_run(fn: Callable, nnodes: int, nproc: int, **options: Any) -> ScriptRun:
+    """:func:`run_script`, once per source of ``fn`` and shape: the parts of one exercise share a job."""
+    try:
+        key: tuple = (inspect.getsource(fn), nnodes, nproc)
+    except (OSError, TypeError):
+        key = (id(fn), nnodes, nproc)
+    if key not in _runs:
+        _runs[key] = run_script(fn, nnodes, nproc, **options)
+    return _runs[key]
+
+
+# -- reading what the processes wrote ------------------------------------------------------------
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_records(run: ScriptRun) -> None:
+    folder = run.folder
+    saves = folder / "saves.jsonl"
+    if saves.is_file():
+        run.saves = [json.loads(line) for line in saves.read_text().splitlines() if line.strip()]
+    for path in folder.glob("exit-*.json"):
+        record = _json(path) or {}
+        if "rank" in record:
+            run.exits[record["rank"]] = bool(record.get("group_alive"))
+            run.threads[record["rank"]] = record.get("threads", [])
+    for path in folder.glob("stack-*.txt"):
+        stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in thread["frames"]]
+                  for thread in parse_dump(path.read_text())]
+        # The thread running the learner's script (the watchdog that dumps them is not it).
+        mine = next((frames for frames in stacks if any(f.in_script for f in frames)), stacks[0] if stacks else [])
+        if mine:
+            run.stacks[path.stem.split("-", 1)[1]] = mine
+    # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely
+    # stopped by its agent because another one had failed: it comes after every other failure.
+    failures = [failure for node in range(run.nnodes) for failure in _read_failures(folder, node)]
+    run.failures = sorted(failures, key=lambda f: (f.signal in ("SIGTERM", "SIGINT"), f.when, f.agent, f.rank))
+
+
+def _last_lines(path: Path | None, n: int = STDERR_LINES) -> list[str]:
+    if path is None or not path.is_file():
+        return []
+    lines = [line.rstrip() for line in path.read_text(errors="replace").splitlines()]
+    return [line for line in lines if line.strip()][-n:]
+
+
+def _process_logs(folder: Path, node: int, local_rank: int | None) -> Path | None:
+    """The folder where agent ``node``'s ``--log-dir`` keeps this process's stdout.log and stderr.log."""
+    if local_rank is None:
+        return None
+    found = sorted((folder / f"logs-{node}").glob(f"**/attempt_*/{local_rank}"))  # <run id>_<random>/attempt_0/<local rank>
+    return found[-1] if found else None
+
+
+def _read_failures(folder: Path, node: int) -> list[Failure]:
+    """What agent ``node`` recorded of its failed processes, with each one's own error record and logs."""
+    failures = []
+    for record in _json(folder / f"failures-{node}.json") or []:
+        rank, local_rank = int(record.get("rank", -1)), record.get("local_rank")
+        logs = _process_logs(folder, node, local_rank)
+        error_path = folder / f"error-{rank}.json"
+        error = _json(error_path) or {}
+        try:  # when the process wrote its error record: finer than the agent's whole seconds
+            when = error_path.stat().st_mtime if error else float(record.get("timestamp") or 0)
+        except (OSError, ValueError):
+            when = 0.0
+        failures.append(Failure(
+            agent=node, rank=rank, local_rank=local_rank, exitcode=record.get("exitcode"), when=when,
+            exc_type=str(error.get("type") or ""), exc_message=str(error.get("message") or ""),
+            frames=[Frame(str(f[0]), int(f[1]), str(f[2]), str(f[3])) for f in error.get("frames", [])],
+            options=[str(o) for o in error.get("options", [])],
+            stderr=_last_lines(logs / "stderr.log" if logs else None),
+            stdout=_last_lines(logs / "stdout.log" if logs else None)))
+    return failures

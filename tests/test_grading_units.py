@@ -1,0 +1,264 @@
+"""The grading's pure logic, without ranks: scoring, feedback wording, verdict cells and the class summary.
+
+The end-to-end tests grade real notebooks with nbgrader in the sandbox; these ask the same
+questions of the pieces in between, with data made up here, so that a wording or a rule can
+be checked in milliseconds. No test here starts a rank or a kernel.
+
+Run alone: ``pytest tests/test_grading_units.py -q`` (a few seconds, most of it importing torch).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.grading.summary import failure_kind, part_rows, summarise
+from autograder.grading.verdicts import CLEAN_NOTE, verdict_outputs
+from autograder.lessons.gradcheck import judge_signature
+from autograder.lessons.harness import CheckError, GradingFailure
+from autograder.lessons.kit import DEFERRED, HIDDEN_CHECK, SELF_CHECK, Attempt, Exercise, HiddenTestUnavailable, Part
+from autograder.lessons.ringcheck import judge_rows, judge_schedule
+from autograder.lessons.torchrun import Failure, Frame, ScriptRun
+from autograder.lessons.torchrun_feedback import failure_text
+
+
+def _exercise(check=lambda attempt: None, **extra) -> Exercise:
+    return Exercise(number="9.1", function="answer", title="the answer",
+                    parts=(Part("correct", 2, "returns 42.", check),), **extra)
+
+
+def _fails(check, *args) -> str:
+    """The text of the GradingFailure that ``check(*args)`` raises."""
+    with pytest.raises(GradingFailure) as failed:
+        check(*args)
+    return failed.value.text
+
+
+# -- the kit: declarations, scoring, where a fault lies --------------------------------------------
+
+
+def test_a_failure_keeps_its_part_and_text_apart():
+    """Does a GradingFailure say "part: text", keep both as fields, and survive pickling (it crosses processes)?"""
+    failure = GradingFailure("rank 1 returned 3.", part="correct")
+    again = pickle.loads(pickle.dumps(failure))
+    assert (str(again), again.part, again.text) == ("correct: rank 1 returned 3.", "correct", "rank 1 returned 3.")
+    assert str(GradingFailure("no part here.")) == "no part here."
+
+
+def test_attempt_fail_names_the_part():
+    """Does a check's attempt.fail(...) become the part's failure, with the part's name in front?"""
+    attempt = Attempt(_exercise(), "correct", print)
+    text = _fails(attempt.fail, "on 2 ranks, rank 1 returned 7.")
+    assert text == "on 2 ranks, rank 1 returned 7."
+
+
+def test_forbidden_calls_add_the_parts_own_rules():
+    """Does a part's own switched-off calls add to the exercise's, and does the self-check keep only the exercise's?"""
+    ex = Exercise(number="9.1", function="f", title="t", forbid=("all_reduce",), forbid_reason="build it",
+                  parts=(Part("hang", 1, "h.", print, forbid=("broadcast",), forbid_reason="order the sends"),
+                         Part("other", 1, "o.", print)))
+    assert ex.forbidden("hang") == {"all_reduce": "build it", "broadcast": "order the sends"}
+    assert ex.forbidden("other") == ex.forbidden(SELF_CHECK) == {"all_reduce": "build it"}
+    under = Attempt(ex, SELF_CHECK, print).under("hang")
+    assert (under.part, under.rules) == (SELF_CHECK, "hang")
+    with pytest.raises(ValueError, match="has no part 'hnag'; its parts are hang, other"):
+        Attempt(ex, SELF_CHECK, print).under("hnag")
+
+
+def test_a_declaration_that_cannot_be_graded_is_refused():
+    """Are a bad number, twice the same part, and switched-off calls without a reason refused when declared?"""
+    with pytest.raises(ValueError, match="should look like '4.1'"):
+        Exercise(number="9", function="f", title="t", parts=(Part("a", 1, "a.", print),))
+    with pytest.raises(ValueError, match="distinct names"):
+        Exercise(number="9.1", function="f", title="t", parts=(Part("a", 1, "a.", print), Part("a", 1, "b.", print)))
+    with pytest.raises(ValueError, match="give the forbid_reason"):
+        Part("a", 1, "a.", print, forbid=("send",))
+
+
+def test_heading_and_points_come_from_the_declaration():
+    """Is a hidden test cell's heading the exercise, the part, its points and what it checks?"""
+    ex = _exercise()
+    assert ex.heading("correct") == '# Exercise 9.1, part "correct" (2 points): returns 42.'
+    assert (ex.points, ex.lesson, ex.label) == (2, 9, "Exercise 9.1")
+
+
+def test_a_check_that_breaks_is_the_courses_fault():
+    """Does a check that raises anything but GradingFailure come out as CheckError, naming the part and the error?"""
+    def broken(attempt):
+        return {}["missing"]
+
+    with pytest.raises(CheckError) as error:
+        _exercise(broken).grade(lambda: 42, "correct")
+    assert (error.value.exercise, error.value.part) == ("Exercise 9.1", "correct")
+    assert "KeyError: 'missing'" in str(error.value) and "not in your answer" in str(error.value)
+    again = pickle.loads(pickle.dumps(error.value))
+    assert str(again) == str(error.value)
+
+
+def test_something_that_is_not_a_function_is_asked_for_by_name():
+    """Does grading a value that cannot be called ask for the function by its name?"""
+    with pytest.raises(GradingFailure, match="Exercise 9.1: define a function named `answer` \\(found int\\)"):
+        _exercise().grade(42, "correct")
+
+
+def test_the_learners_copy_says_where_the_hidden_test_went():
+    """Does HIDDEN_CHECK name the exercise, the part and the self-check to run instead?"""
+    ex = Exercise(number="9.1", function="answer", title="t", visible_check=lambda attempt: "ok",
+                  parts=(Part("correct", 1, "c.", HIDDEN_CHECK),))
+    with pytest.raises(HiddenTestUnavailable) as told:
+        ex.grade(lambda: 42, "correct")
+    assert 'exercise("9.1").self_check(answer)' in str(told.value)
+
+
+def test_under_make_grade_the_kernel_defers_to_the_clean_run(monkeypatch, capsys):
+    """While make grade runs the notebook, does a hidden test cell print the placeholder and run no check?"""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("COURSE_CLEAN_RUN_DECIDES", "1")
+    _exercise(lambda attempt: attempt.fail("would fail")).grade(lambda: 0, "correct")
+    assert capsys.readouterr().out.strip() == DEFERRED
+
+
+# -- the lessons' judges, given what ranks would have returned -------------------------------------
+
+
+def test_a_schedule_that_never_shifts_is_told_which_chunk_completed():
+    """4.1: a reduce-scatter that leaves chunk r+1 complete on rank r: is the learner told to shift it?"""
+    attempt = Attempt(_exercise(), "reduce_scatter", print)
+    p = 3  # rank r sends chunk r, receives chunk r-1: the classic schedule that ends one chunk off
+    rows = [[((r - step) % p, (r - step - 1) % p) for r in range(p)] for step in range(p - 1)]
+    text = _fails(judge_schedule, attempt, "reduce-scatter", p, rows)
+    assert "rank 0's chunk 0 holds the sum of ranks" in text and "complete instead: shift the schedule" in text
+
+
+def test_a_schedule_that_receives_the_wrong_chunk_names_the_step():
+    """4.1: when rank r adds into a chunk its left neighbour did not send, does the feedback name step, rank and chunk?"""
+    attempt = Attempt(_exercise(), "reduce_scatter", print)
+    rows = [[(0, 1), (0, 1)]]  # both send chunk 0 but receive into chunk 1
+    text = _fails(judge_schedule, attempt, "reduce-scatter", 2, rows)
+    assert text.startswith("on 2 ranks, at reduce-scatter step 0, rank 0 receives into chunk 1, but its left neighbour")
+
+
+def test_a_wrong_row_names_the_case_and_why_uneven_sizes_matter():
+    """4.2-4.4: does a wrong case's feedback give the world size, dtype, shape, rank and the uneven split?"""
+    attempt = Attempt(_exercise(), "correct", print)
+    result = [[{"shape": (10,), "dtype": "float32", "ok": False, "why": "first wrong element at flat index 9"}], []]
+    text = _fails(judge_rows, attempt, 3, result)
+    assert text.startswith("on 3 ranks, a float32 tensor of shape (10,) (10 elements), rank 0: first wrong element")
+    assert "10 elements do not split evenly over 3 ranks" in text
+    judge_rows(attempt, 2, [[{"shape": (4,), "dtype": "int64", "ok": True}]] * 2)  # all right: no failure
+
+
+@pytest.mark.parametrize("values, says", [
+    ([[7.0], [7.0], [7.0]], "exactly world_size = 3 times too large. Did you divide by the world size?"),
+    ([[7 / 3], [2.0], [4.0]], "Rank 0 is right but the others are not"),
+    ([[1.0], [2.0], [4.0]], "Each rank kept its own gradient"),
+    ([[None], [7 / 3], [7 / 3]], "rank 0's .grad became None"),
+])
+def test_the_signature_gradient_names_the_mistake(values, says):
+    """5.1: from each rank's 2**rank gradient, does the feedback say what the learner's averaging did wrong?"""
+    values = [None if v == [None] else v for v in values]
+    text = _fails(judge_signature, Attempt(_exercise(), "correct", print), 3, values)
+    assert says in text
+
+
+def test_the_signature_of_a_right_mean_passes():
+    judge_signature(Attempt(_exercise(), "correct", print), 3, [[7 / 3]] * 3)
+
+
+# -- a torchrun job's feedback, from the records its processes write ------------------------------
+
+
+def _run(tmp_path: Path, **fields) -> ScriptRun:
+    (tmp_path / "train.py").write_text("import os\n\ndef main():\n    raise ValueError('bad batch')\n")
+    fields.setdefault("codes", [1, 1])
+    return ScriptRun(nnodes=2, nproc=2, folder=tmp_path, output=["[agent 0] hello"], **fields)
+
+
+def test_the_first_failure_is_told_with_its_line_and_without_the_wrapper(tmp_path):
+    """Does a failed job name the first process to fail, its exception, its line in train.py, and hide the course's wrapper?"""
+    frames = [Frame(str(tmp_path / "graded_run.py"), 70, "_script", "runpy.run_path(...)"),
+              Frame(str(tmp_path / "train.py"), 4, "main", "raise ValueError('bad batch')")]
+    first = Failure(agent=0, rank=1, local_rank=1, exitcode=1, when=1.0, exc_type="ValueError",
+                    exc_message="bad batch", frames=frames)
+    later = Failure(agent=1, rank=2, local_rank=0, exitcode=-15, when=2.0)
+    text = failure_text(_run(tmp_path, failures=[first, later]))
+    assert text.startswith("under 2 torchrun agents (simulated hosts) of 2 processes each, a process failed")
+    assert "rank 1 (local rank 1 under torchrun agent 0) raised ValueError: bad batch" in text
+    assert "at train.py line 4, in main: raise ValueError('bad batch')" in text
+    assert "Also failed after it: rank 2 (SIGTERM)" in text and "graded_run.py" not in text
+
+
+def test_an_argparse_local_rank_gets_the_torchrun_hint(tmp_path):
+    """Does a script that declared --local-rank and exited get told that torchrun sets LOCAL_RANK instead?"""
+    failure = Failure(agent=0, rank=0, local_rank=0, exitcode=2, when=1.0, options=["--local-rank"],
+                      stderr=["usage: train.py [-h] --local-rank LOCAL_RANK"])
+    text = failure_text(_run(tmp_path, failures=[failure]))
+    assert "exited with code 2 without a Python exception" in text and "usage: train.py" in text
+    assert "read LOCAL_RANK from the environment" in text
+
+
+def test_a_job_that_hung_says_where_each_process_was(tmp_path):
+    """Does a stopped job show, per rank, its innermost line of train.py when the stacks were dumped?"""
+    stacks = {"0": [Frame("/x/torch/distributed/c10d.py", 9, "barrier"), Frame(str(tmp_path / "train.py"), 4, "main")]}
+    text = failure_text(_run(tmp_path, timed_out=True, stacks=stacks, codes=[None, None]))
+    assert "did not finish within 90 s" in text
+    assert "rank 0 was at train.py line 4, in main: raise ValueError('bad batch')" in text
+    assert failure_text(ScriptRun(1, 2, tmp_path, [0], [])) is None
+
+
+# -- what a graded cell shows, and the class summary ----------------------------------------------
+
+
+def test_a_verdict_replaces_the_placeholder_and_names_what_was_left_out(tmp_path):
+    """Does a failed part's cell show GradingFailure with the message, the left-out lines, and no placeholder?"""
+    cell = nbformat.v4.new_code_cell("exercise('9.1').grade(answer, 'correct')")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=DEFERRED + "\n")]
+    result = {"exercise": "9.1", "part": "correct", "points": 2, "score": 0, "message": "correct: rank 1 was wrong."}
+    outputs = verdict_outputs(cell, result, ["cell 3, line 1: print(x)"], tmp_path)
+    assert len(outputs) == 1 and outputs[0]["ename"] == "GradingFailure"
+    assert outputs[0]["evalue"] == "correct: rank 1 was wrong."
+    assert CLEAN_NOTE in "\n".join(outputs[0]["traceback"]) and "cell 3, line 1: print(x)" in outputs[0]["traceback"][-1]
+    passed = verdict_outputs(cell, dict(result, score=2), [], tmp_path)
+    assert passed[-1]["text"] == 'Exercise 9.1, part "correct": passed (2 of 2 points).\n'
+
+
+def _record() -> dict:
+    def part(score, text=None):
+        return {"exercise": "4.4", "part": "correct", "points": 4, "score": score, "text": text,
+                "message": f"correct: {text}" if text else None}
+
+    runs = [
+        {"student": "ana", "lesson": "04-ring-all-reduce", "seconds": 9.0, "status": "ok", "parts": [part(4)]},
+        {"student": "bo", "lesson": "04-ring-all-reduce", "seconds": 12.0, "status": "ok",
+         "parts": [part(0, "on 4 ranks, rank 2 returned 1.5 instead of 6")]},
+        {"student": "cy", "lesson": "04-ring-all-reduce", "seconds": 30.0, "status": "ok",
+         "parts": [part(0, "on 3 ranks, rank 1 returned 2 instead of 9")]},
+        {"student": "di", "lesson": "04-ring-all-reduce", "seconds": 5.0, "status": "failed", "tries": 2,
+         "failure": "infrastructure", "error": "bwrap: Can't mount proc", "log": "di.log", "parts": []},
+    ]
+    return {"sandbox": True, "jobs": 2, "seconds": 60.0, "submissions": runs}
+
+
+def test_failures_of_one_kind_are_counted_together():
+    """Are two failures that differ only in numbers one kind, shown by a real message, and the passes counted?"""
+    assert failure_kind("on 4 ranks, rank 2 returned 1.5 instead of 6") == "on N ranks, rank N returned N instead of N"
+    [row] = part_rows(_record())
+    assert (row["graded"], row["passed"]) == (3, 1)
+    [(kind, n, example)] = row["failures"]
+    assert n == 2 and example == "on 4 ranks, rank 2 returned 1.5 instead of 6"
+
+
+def test_the_summary_files_say_who_was_slowest_and_who_could_not_be_graded(tmp_path):
+    """Do the terminal text, the CSV and the HTML carry the pass rate, the commonest failure and the ungraded learner?"""
+    text = summarise(_record(), tmp_path)
+    assert "passed   1 / 3" in text and "2x on 4 ranks, rank 2 returned 1.5 instead of 6 (and 1 like it)" in text
+    assert "Slowest: cy/04-ring-all-reduce 30 s" in text
+    assert "di/04-ring-all-reduce: the grading machinery's failure after 2 tries: bwrap: Can't mount proc" in text
+    csv_text = (tmp_path / "class-summary.csv").read_text()
+    assert "04-ring-all-reduce,4.4,correct,4,3,1,0.33," in csv_text
+    assert "bwrap: Can&#x27;t mount proc" in (tmp_path / "class-summary.html").read_text()
+    json.dumps(_record())  # the record is plain data, as grading-run.json holds it
