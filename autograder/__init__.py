@@ -34,7 +34,7 @@ __all__ = ["exercise", "exercises"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from .lessons import kit
+        from .lessons import registry
 
-        return getattr(kit, name)
+        return getattr(registry, name)
     raise AttributeError(f"module 'autograder' has no attribute {name!r}")

@@ -17,7 +17,7 @@ import pytest
 
 import autograder.lessons.kit
 from autograder.grading.clean import define, exercise_code, exercise_code_from_cells
-from autograder.lessons.kit import exercises
+from autograder.lessons.registry import exercises
 from devtools.scratch import GRADER_PATCH, RING_ANSWERS
 
 ROOT = Path(__file__).resolve().parent.parent

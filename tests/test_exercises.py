@@ -429,7 +429,8 @@ def test_shared_pieces():
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
-    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs")]
+    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
+    "lessons.registry", "lessons.ringcheck", "grading.verdicts")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""

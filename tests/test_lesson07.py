@@ -16,7 +16,8 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from autograder.lessons.kit import GradingFailure, exercise
+from autograder.lessons.kit import GradingFailure
+from autograder.lessons.registry import exercise
 
 pytestmark = pytest.mark.slow
 

@@ -266,7 +266,7 @@ def test_self_check_runs_and_hidden_tests_say_they_are_not_there(release):
     """From the release alone: are the exercises declared as the instructor's (parts, points, rules),
     does Exercise 4.4's self-check pass the instructor's ring, and does grade() say the hidden test is
     not there?"""
-    from autograder.lessons.kit import exercises
+    from autograder.lessons.registry import exercises
 
     probe = ISOLATE + f"""
 import importlib.util, json

@@ -38,7 +38,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..lessons.kit import Exercise, exercises
+from ..lessons.kit import Exercise
+from ..lessons.registry import exercises
 
 __all__ = ["GradedCell", "graded_cells", "hidden_test_source", "self_check_source", "problems", "lesson_number",
            "answer_id", "self_check_id", "test_id"]

@@ -281,7 +281,7 @@ def define(code: list[Kept]) -> tuple[dict[str, Any], list[str]]:
 def grade_lesson(lesson: int, namespace: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Grade every part of every exercise of ``lesson`` against the definitions in ``namespace``."""
     from ..lessons.harness import CheckError, GradingFailure
-    from ..lessons.kit import exercises
+    from ..lessons.registry import exercises
 
     for ex in exercises(lesson):
         for part in ex.parts:

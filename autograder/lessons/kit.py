@@ -35,10 +35,7 @@ Example: a whole (tiny) exercise, graded on two ranks::
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
-import sys
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,8 +53,6 @@ __all__ = [
     "Exercise",
     "Part",
     "Attempt",
-    "exercise",
-    "exercises",
     "GradingFailure",
     "CheckError",
     "fresh_seed",
@@ -76,8 +71,7 @@ CLEAN_RUN_DECIDES = "COURSE_CLEAN_RUN_DECIDES"
 #: What a hidden test cell prints in the kernel while ``make grade`` runs the notebook; grading
 #: then replaces it with the clean re-grade's verdict.
 DEFERRED = "Graded in a fresh process once the notebook has run: the verdict replaces this line."
-_LESSON_MODULE = re.compile(r"lesson(\d{2})$")
-_NUMBER = re.compile(r"(\d+)\.(\d+)$")
+NUMBER = re.compile(r"(\d+)\.(\d+)$")  # an exercise number: lesson.exercise
 
 
 def decided_by_clean_run() -> bool:
@@ -143,7 +137,7 @@ class Exercise:
     hints: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not _NUMBER.match(self.number):
+        if not NUMBER.match(self.number):
             raise ValueError(f"exercise number {self.number!r} should look like '4.1' (lesson.exercise)")
         names = [p.name for p in self.parts]
         if not names or len(set(names)) != len(names):
@@ -347,64 +341,3 @@ def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the c
         f'{ex.label}, part "{attempt.part}": this copy of the course has no hidden tests.\n'
         "Hidden tests run only when your instructor grades the notebook you hand in. " + instead
     )
-
-
-# -- the registry ------------------------------------------------------------------------
-
-
-def _lesson_modules() -> dict[int, str]:
-    """Lesson number -> module name, for every ``autograder/lessons/lessonNN.py``."""
-    # The package's search path, read where Python keeps it (no import of the package from
-    # inside it: a folder added to autograder.__path__ is searched too).
-    found = {}
-    for info in pkgutil.iter_modules(sys.modules[__package__].__path__):
-        match = _LESSON_MODULE.match(info.name)
-        if match:
-            found[int(match[1])] = f"{__package__}.{info.name}"
-    return found
-
-
-def _declared(module_name: str, lesson: int) -> tuple[Exercise, ...]:
-    module = importlib.import_module(module_name)
-    declared = getattr(module, "EXERCISES", None)
-    if not isinstance(declared, tuple) or not all(isinstance(e, Exercise) for e in declared):
-        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.lessons.kit.Exercise")
-    for ex in declared:
-        if ex.lesson != lesson:
-            raise ValueError(f"{module_name} declares {ex.label}, which belongs in lesson {ex.lesson:02d}")
-    return declared
-
-
-def exercises(lesson: int | None = None) -> list[Exercise]:
-    """Every declared exercise (of one lesson when ``lesson`` is given), in number order.
-
-    >>> [e.number for e in exercises(3)]
-    ['3.1', '3.2', '3.3']
-    """
-    modules = _lesson_modules()
-    chosen = sorted(modules) if lesson is None else [lesson] if lesson in modules else []
-    found = [ex for n in chosen for ex in _declared(modules[n], n)]
-    numbers = [ex.number for ex in found]
-    if len(set(numbers)) != len(numbers):
-        raise ValueError(f"an exercise number is declared twice: {numbers}")
-    return sorted(found, key=lambda ex: tuple(int(x) for x in ex.number.split(".")))
-
-
-def exercise(number: str) -> Exercise:
-    """The exercise numbered ``number`` ("4.4"), from ``autograder/lessons/lessonNN.py``.
-
-    >>> exercise("4.4").function
-    'ring_allreduce'
-    """
-    match = _NUMBER.match(str(number))
-    if not match:
-        raise ValueError(f"exercise numbers look like '4.1' (lesson.exercise); got {number!r}")
-    lesson = int(match[1])
-    modules = _lesson_modules()
-    if lesson not in modules:
-        raise LookupError(f"no module autograder/lessons/lesson{lesson:02d}.py declares exercise {number}")
-    for ex in _declared(modules[lesson], lesson):
-        if ex.number == number:
-            return ex
-    known = ", ".join(e.number for e in _declared(modules[lesson], lesson))
-    raise LookupError(f"autograder/lessons/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")

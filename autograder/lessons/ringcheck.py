@@ -133,94 +133,91 @@ def _tolerance(dtype_name: str) -> float:
     return 1e-4 if dtype_name == "float32" else 1e-9
 
 
-def reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
-    """4.2: chunk ``rank`` must end holding its sum over all ranks; the other chunks may hold anything."""
+def _run_cases(fn: Callable, cases: list, seed: int, prepare: Callable, judge: Callable) -> list[dict]:
+    """Each case on this rank: ``prepare`` the input and what it must become, run ``fn`` in place, ``judge`` it.
+
+    Returns one row per case: ``{"shape", "dtype", "ok"}``, and ``why`` (and an ``excerpt`` of
+    values) when not ok. A tensor replaced, reshaped or recast instead of changed in place is
+    wrong whatever it holds.
+    """
     out = []
     for i, (shape, dtype_name) in enumerate(cases):
-        tensor = seeded_tensor(shape, dtype_name, seed + i, rank, int_range=INTS)
-        expected = sum(seeded_tensor(shape, dtype_name, seed + i, r, int_range=INTS) for r in range(world_size))
+        tensor, expected = prepare(shape, dtype_name, seed + i)
         before = tensor.data_ptr()
         fn(tensor)
         row: dict[str, Any] = {"shape": shape, "dtype": dtype_name, "ok": True}
         why = _in_place_problem(tensor, shape, before, expected.dtype)
-        if why:
-            row.update(ok=False, why=why)
-            out.append(row)
-            continue
-        flat, want = tensor.reshape(-1), expected.reshape(-1)
-        bounds = chunk_bounds(flat.numel(), world_size)
-        a, b = bounds[rank]
-        diff = first_difference(flat[a:b], want[a:b], tolerance=_tolerance(dtype_name))
-        if diff:
-            why = f"its chunk {rank} (elements {a}:{b}) should hold that chunk's sum over all ranks; {diff.what}"
-            done = [c for c, (x, y) in enumerate(bounds)
-                    if c != rank and y > x and first_difference(flat[x:y], want[x:y], tolerance=_tolerance(dtype_name)) is None]
-            if done:
-                why += (f". Chunk {done[0]} holds its full sum instead: rank r must end owning chunk r; take the "
-                        "chunk numbers from your ring_chunks of Exercise 4.1")
-            row.update(ok=False, why=why, excerpt=diff.excerpt)
+        found = (why, "") if why else judge(tensor.reshape(-1), expected.reshape(-1), _tolerance(dtype_name))
+        if found:
+            row.update(ok=False, why=found[0], excerpt=found[1])
         out.append(row)
     return out
+
+
+def _summed(rank: int, world_size: int):
+    """This rank's seeded tensor, and the sum over every rank's: what an all-reduce leaves."""
+    def prepare(shape: tuple, dtype_name: str, seed: int):
+        mine = seeded_tensor(shape, dtype_name, seed, rank, int_range=INTS)
+        return mine, sum(seeded_tensor(shape, dtype_name, seed, r, int_range=INTS) for r in range(world_size))
+    return prepare
+
+
+def reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
+    """4.2: chunk ``rank`` must end holding its sum over all ranks; the other chunks may hold anything."""
+    def judge(flat, want, tolerance: float):
+        bounds = chunk_bounds(flat.numel(), world_size)
+        a, b = bounds[rank]
+        diff = first_difference(flat[a:b], want[a:b], tolerance=tolerance)
+        if diff is None:
+            return None
+        why = f"its chunk {rank} (elements {a}:{b}) should hold that chunk's sum over all ranks; {diff.what}"
+        done = [c for c, (x, y) in enumerate(bounds)
+                if c != rank and y > x and first_difference(flat[x:y], want[x:y], tolerance=tolerance) is None]
+        if done:
+            why += (f". Chunk {done[0]} holds its full sum instead: rank r must end owning chunk r; take the "
+                    "chunk numbers from your ring_chunks of Exercise 4.1")
+        return why, diff.excerpt
+
+    return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
 
 
 def all_gather_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
     """4.3: rank c's chunk c must reach chunk c on every rank; the rest starts as PLACEHOLDER."""
     import torch
 
-    out = []
-    for i, (shape, dtype_name) in enumerate(cases):
+    def prepare(shape: tuple, dtype_name: str, case_seed: int):
         n = math.prod(shape)
-        bounds = chunk_bounds(n, world_size)
         expected = torch.empty(n, dtype=getattr(torch, dtype_name))
-        for c, (a, b) in enumerate(bounds):  # chunk c: rank c's values, which only rank c is given
-            expected[a:b] = seeded_tensor(shape, dtype_name, seed + i, c, int_range=INTS).reshape(-1)[a:b]
+        for c, (a, b) in enumerate(chunk_bounds(n, world_size)):  # chunk c: rank c's values, given to rank c only
+            expected[a:b] = seeded_tensor(shape, dtype_name, case_seed, c, int_range=INTS).reshape(-1)[a:b]
         tensor = torch.full(shape, PLACEHOLDER, dtype=expected.dtype)
-        a, b = bounds[rank]
+        a, b = chunk_bounds(n, world_size)[rank]
         tensor.view(-1)[a:b] = expected[a:b]
-        before = tensor.data_ptr()
-        fn(tensor)
-        row: dict[str, Any] = {"shape": shape, "dtype": dtype_name, "ok": True}
-        why = _in_place_problem(tensor, shape, before, expected.dtype)
-        if why:
-            row.update(ok=False, why=why)
-            out.append(row)
-            continue
-        flat = tensor.reshape(-1)
-        for c, (a, b) in enumerate(bounds):
-            diff = first_difference(flat[a:b], expected[a:b], tolerance=_tolerance(dtype_name))
+        return tensor, expected
+
+    def judge(flat, expected, tolerance: float):
+        for c, (a, b) in enumerate(chunk_bounds(flat.numel(), world_size)):
+            diff = first_difference(flat[a:b], expected[a:b], tolerance=tolerance)
             if diff is None:
                 continue
             if c == rank:
-                why = f"its own chunk {c} (elements {a}:{b}) changed; it must be left as it was and sent on"
-            elif bool((flat[a:b] == PLACEHOLDER).all()):
-                why = (f"chunk {c} (elements {a}:{b}) still holds the placeholder {PLACEHOLDER} this check filled it "
-                       f"with: rank {c}'s chunk never arrived there")
-            else:
-                why = f"chunk {c} (elements {a}:{b}) should hold rank {c}'s chunk; {diff.what}"
-            row.update(ok=False, why=why, excerpt=diff.excerpt)
-            break
-        out.append(row)
-    return out
+                return f"its own chunk {c} (elements {a}:{b}) changed; it must be left as it was and sent on", diff.excerpt
+            if bool((flat[a:b] == PLACEHOLDER).all()):
+                return (f"chunk {c} (elements {a}:{b}) still holds the placeholder {PLACEHOLDER} this check filled it "
+                        f"with: rank {c}'s chunk never arrived there", diff.excerpt)
+            return f"chunk {c} (elements {a}:{b}) should hold rank {c}'s chunk; {diff.what}", diff.excerpt
+        return None
+
+    return _run_cases(fn, cases, seed, prepare, judge)
 
 
 def all_reduce_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
     """4.4: every rank's tensor must end holding the sum over all ranks."""
-    out = []
-    for i, (shape, dtype_name) in enumerate(cases):
-        tensor = seeded_tensor(shape, dtype_name, seed + i, rank, int_range=INTS)
-        expected = sum(seeded_tensor(shape, dtype_name, seed + i, r, int_range=INTS) for r in range(world_size))
-        before = tensor.data_ptr()
-        fn(tensor)
-        row: dict[str, Any] = {"shape": shape, "dtype": dtype_name, "ok": True}
-        why = _in_place_problem(tensor, shape, before, expected.dtype)
-        if why:
-            row.update(ok=False, why=why)
-        else:
-            diff = first_difference(tensor, expected, tolerance=_tolerance(dtype_name))
-            if diff:
-                row.update(ok=False, why=diff.what, excerpt=diff.excerpt)
-        out.append(row)
-    return out
+    def judge(flat, want, tolerance: float):
+        diff = first_difference(flat, want, tolerance=tolerance)
+        return (diff.what, diff.excerpt) if diff else None
+
+    return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
 
 
 def judge_rows(attempt: Attempt, world: int, result: list) -> None:

@@ -14,9 +14,10 @@ DEFAULT_DIR = Path("dist") / "learner-course"
 
 # The autograder modules learners get besides autograder/__init__.py and the lessons/lessonNN.py
 # files (paths inside autograder/, without .py); every other module stays with the instructor.
-KEPT_MODULES = ("lessons/__init__", "lessons/kit", "lessons/harness", "lessons/pieces", "lessons/torchrun",
-                "lessons/torchrun_programs", "lessons/torchrun_feedback", "lessons/ringcheck",
-                "lessons/gradcheck")
+KEPT_MODULES = (
+    "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
+    "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
+)
 LESSON = re.compile(r"lesson\d{2}$")
 JUNK = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints)(/|$)|\.py[cod]$")
 MARKUP = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")

@@ -1,0 +1,80 @@
+"""Finding an exercise by its number: ``exercise("4.4")`` in ``autograder/lessons/lesson04.py``.
+
+Every ``lessonNN.py`` of this package declares its exercises in a tuple ``EXERCISES``; nothing
+else registers them, so a new lesson adds its module (and its notebook) and nothing else.
+Notebook cells reach an exercise through ``from autograder import exercise``.
+
+>>> [e.number for e in exercises(3)]
+['3.1', '3.2', '3.3']
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import sys
+
+from .kit import NUMBER, Exercise
+
+__all__ = ["exercise", "exercises"]
+
+_LESSON_MODULE = re.compile(r"lesson(\d{2})$")
+
+
+def _lesson_modules() -> dict[int, str]:
+    """Lesson number -> module name, for every ``autograder/lessons/lessonNN.py``."""
+    # The package's search path, read where Python keeps it (no import of the package from
+    # inside it: a folder added to autograder.__path__ is searched too).
+    found = {}
+    for info in pkgutil.iter_modules(sys.modules[__package__].__path__):
+        match = _LESSON_MODULE.match(info.name)
+        if match:
+            found[int(match[1])] = f"{__package__}.{info.name}"
+    return found
+
+
+def _declared(module_name: str, lesson: int) -> tuple[Exercise, ...]:
+    module = importlib.import_module(module_name)
+    declared = getattr(module, "EXERCISES", None)
+    if not isinstance(declared, tuple) or not all(isinstance(e, Exercise) for e in declared):
+        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.lessons.kit.Exercise")
+    for ex in declared:
+        if ex.lesson != lesson:
+            raise ValueError(f"{module_name} declares {ex.label}, which belongs in lesson {ex.lesson:02d}")
+    return declared
+
+
+def exercises(lesson: int | None = None) -> list[Exercise]:
+    """Every declared exercise (of one lesson when ``lesson`` is given), in number order.
+
+    >>> [e.number for e in exercises(3)]
+    ['3.1', '3.2', '3.3']
+    """
+    modules = _lesson_modules()
+    chosen = sorted(modules) if lesson is None else [lesson] if lesson in modules else []
+    found = [ex for n in chosen for ex in _declared(modules[n], n)]
+    numbers = [ex.number for ex in found]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"an exercise number is declared twice: {numbers}")
+    return sorted(found, key=lambda ex: tuple(int(x) for x in ex.number.split(".")))
+
+
+def exercise(number: str) -> Exercise:
+    """The exercise numbered ``number`` ("4.4"), from ``autograder/lessons/lessonNN.py``.
+
+    >>> exercise("4.4").function
+    'ring_allreduce'
+    """
+    match = NUMBER.match(str(number))
+    if not match:
+        raise ValueError(f"exercise numbers look like '4.1' (lesson.exercise); got {number!r}")
+    lesson = int(match[1])
+    modules = _lesson_modules()
+    if lesson not in modules:
+        raise LookupError(f"no module autograder/lessons/lesson{lesson:02d}.py declares exercise {number}")
+    for ex in _declared(modules[lesson], lesson):
+        if ex.number == number:
+            return ex
+    known = ", ".join(e.number for e in _declared(modules[lesson], lesson))
+    raise LookupError(f"autograder/lessons/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")
