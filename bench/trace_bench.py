@@ -30,7 +30,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "autograder"))
 
 from _common import machine_line  # noqa: E402
 
@@ -45,7 +44,7 @@ def _time_modes(rank, world_size, nbytes, repeats, seed):
 
     import torch
     import torch.distributed as dist
-    from reference import ring_allreduce
+    from autograder.lessons.reference import ring_allreduce
 
     from helpers._runtime.instrument import current
 
