@@ -1,10 +1,10 @@
 """Instructor reference implementations, used by the benchmarks and to check the graders.
 
 Learners write their own versions in the notebooks; these are the answers the hidden
-tests are validated against. How to use it::
+tests are validated against. It never ships to learners and the grading sandbox hides it.
+How to use it::
 
-    import sys; sys.path.insert(0, "autograder")
-    from reference import ring_allreduce
+    from autograder.lessons.reference import ring_allreduce
     helpers.launch(lambda rank, ws: ring_allreduce(torch.ones(10)), 4)
 """
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 # The bucket rule is the exercise's statement, not its answer: learners get it too.
 # So is the split of a tensor into chunks (lesson 4).
-from autograder.lessons.ringcheck import chunk_bounds  # absolute: this file is also imported as plain `reference`
+from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
