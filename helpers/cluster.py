@@ -31,9 +31,16 @@ from ._runtime.cells import cache_source
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
-from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
+from ._runtime.report import (
+    Outcome,
+    group_stopped_error,
+    interrupted_cell,
+    kept_ranks_error,
+    not_interrupted_note,
+    unusable_rank_error,
+)
 from .backend import Choice, resolve_backend
-from .errors import LaunchError, signal_name
+from .errors import ClusterError, LaunchError
 from .launcher import serialize, serialize_call, trace_of
 from .output import OutputRouter, OutputSpec
 from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
@@ -50,10 +57,6 @@ class Results(list):
     """Per-rank values of one request, in the order of the ranks asked; ``.trace`` when traced."""
 
     trace: Trace | None = None
-
-
-class ClusterError(LaunchError):
-    """The cluster cannot take this request (not started, a rank dead or still busy)."""
 
 
 class Cluster:
@@ -320,23 +323,9 @@ class Cluster:
         group.poll(0)  # collect anything that happened since the last request
         group.take_events()
         for r in targets:
-            state = group.ranks[r]
-            if state.state == "exited":
-                how = (
-                    f"was killed by {signal_name(state.exitcode)}"
-                    if state.exitcode is not None and state.exitcode < 0
-                    else f"exited with code {state.exitcode}"
-                )
-                raise ClusterError(
-                    f"rank {r} {how} earlier, so the process group is broken. Run %dist_restart "
-                    "(or cluster.restart()) for a fresh group; variables on the ranks are lost."
-                )
-            if state.state == "busy":
-                raise ClusterError(
-                    f"rank {r} is still busy with an earlier request (probably blocked in a "
-                    "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
-                    "for a fresh group, or target other ranks with --ranks."
-                )
+            error = unusable_rank_error(r, group.ranks[r].state, group.ranks[r].exitcode)
+            if error is not None:
+                raise error
         return group
 
     def _request(self, request: Request, targets: list[int], timeout: float | None) -> Outcome:
@@ -372,11 +361,7 @@ class Cluster:
         group.take_events()
         stuck = [r for r in busy if group.ranks[r].state == "busy"]
         if stuck and announce:
-            group.router.note(
-                f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not stop: "
-                "blocked inside a communication call, which cannot be interrupted. Run "
-                "%dist_restart (or cluster.restart()) for a fresh group."
-            )
+            group.router.note(not_interrupted_note(stuck))
         return stuck
 
     def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
