@@ -1,19 +1,22 @@
-"""Tracing, pictures and deadlock diagnosis, on real gloo ranks."""
+"""Tracing, pictures and deadlock diagnosis, on real gloo ranks.
+
+Every rank that runs a function of this file imports the file first, so it imports nothing
+slow at the top (matplotlib, the autograder's reference ring): on a loaded machine that
+import alone outlasted the 2 s timeouts of the hang tests, whose ranks were then reported
+as running an import instead of waiting in their calls.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
-import matplotlib
+import pytest
 
-matplotlib.use("Agg")
+from helpers import Cluster, LaunchTimeoutError, launch, perf
 
-import pytest  # noqa: E402
-
-from helpers import Cluster, LaunchTimeoutError, launch, perf  # noqa: E402
-
-from autograder.lessons.reference import ring_all_gather, ring_allreduce, ring_reduce_scatter  # noqa: E402
+os.environ.setdefault("MPLBACKEND", "Agg")  # pictures without a display, set before matplotlib is imported
 
 
 def token_ring(rank, world_size):
@@ -33,6 +36,8 @@ def token_ring(rank, world_size):
 
 def reference_ring(rank, world_size, n):
     import torch
+
+    from autograder.lessons.reference import ring_allreduce
 
     t = torch.arange(float(n)) + rank
     ring_allreduce(t)
@@ -444,6 +449,8 @@ def test_pictures_from_a_real_trace():
 
 def _one_phase(rank, world_size, phase):
     import torch
+
+    from autograder.lessons.reference import ring_all_gather, ring_reduce_scatter
 
     t = torch.arange(12.0)
     (ring_reduce_scatter if phase == "reduce-scatter" else ring_all_gather)(t)
