@@ -154,6 +154,8 @@ def test_a_dump_is_split_into_threads_and_the_main_thread_is_found(learner):
     assert diagnose.main_stack(text, 0x7F0000000001)[0] == {"filename": learner, "lineno": 7, "name": "late"}
     assert diagnose.main_stack(text, None) == diagnose.main_stack(later, None)  # unknown main thread: the last one
     assert diagnose.main_stack("", None) == []
+    whole = in_recv(learner).encode()
+    assert diagnose.dump_complete(whole) and not diagnose.dump_complete(whole[: whole.rindex(b"<string>")])
 
 
 def test_the_call_is_torch_distributeds_own_function_and_the_line_the_learners(learner):

@@ -3,7 +3,7 @@
 When ranks run past their timeout, each live rank is asked for a dump of its Python
 stacks (Python's ``faulthandler``, which works even while a rank is blocked inside a C++
 call such as gloo's ``recv``). This module turns those dumps into frames
-(:func:`parse_dump`, the one place that reads faulthandler's text) and into one sentence per
+(:func:`parse_dump` and :func:`dump_complete`, the one place that reads faulthandler's text) and into one sentence per
 rank, naming the ``torch.distributed`` call it waits in and the learner's line that made
 it. Which call a rank is in comes from the board (:mod:`helpers._runtime.board`: the call,
 its peer) when the rank's wrappers noted one; otherwise from the stack, as the outermost
@@ -36,27 +36,15 @@ from .board import BoardRecord
 from .calls import COLLECTIVES, DDP_CONSTRUCTOR, PUBLIC_FUNCTIONS
 from .cells import cell_label
 
-__all__ = [
-    "parse_dump",
-    "main_stack",
-    "describe_wait",
-    "format_stack",
-    "summarize",
-    "call_text",
-    "Finding",
-    "RECEIVE_FIRST",
-    "SEND_FIRST",
-    "CYCLE",
-    "PEER_RETURNED",
-    "NEVER_REACHED",
-    "CALLS_DISAGREE",
-    "wait_for_graph",
-    "find_cycle",
-    "explain_hang",
-]
+__all__ = ["parse_dump", "dump_complete", "main_stack", "describe_wait", "format_stack", "summarize", "call_text",
+           "Finding", "RECEIVE_FIRST", "SEND_FIRST", "CYCLE", "PEER_RETURNED", "NEVER_REACHED", "CALLS_DISAGREE",
+           "wait_for_graph", "find_cycle", "explain_hang"]
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+#: The start of the last line of a rank's main-thread stack in a dump: its outermost frame is
+#: the rank factory's `python -c` module (see helpers._runtime.factory).
+_DUMP_END = b'File "<string>", line'
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/, not helpers/_runtime/
 
 
@@ -74,6 +62,17 @@ def parse_dump(text: str) -> list[dict[str, Any]]:
                 {"filename": m.group(1), "lineno": int(m.group(2)), "name": m.group(3).strip()}
             )
     return threads
+
+
+def dump_complete(data: bytes) -> bool:
+    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: its last
+    line, the factory's start-up frame, has arrived (a dump comes line by line, innermost first).
+
+    >>> dump_complete(b'  File "x.py", line 3 in f\\n'), dump_complete(b'  File "<string>", line 1 in <module>\\n')
+    (False, True)
+    """
+    end = data.rfind(_DUMP_END)
+    return end >= 0 and b"\n" in data[end:]
 
 
 def main_stack(text: str, main_ident: int | None) -> list[dict[str, Any]]:
