@@ -31,18 +31,26 @@ from ._runtime.cells import cache_source
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
-from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
+from ._runtime.report import (
+    Outcome,
+    group_stopped_error,
+    interrupted_cell,
+    kept_ranks_error,
+    not_interrupted_note,
+    unusable_rank_error,
+)
 from .backend import Choice, resolve_backend
-from .errors import LaunchError, signal_name
+from .errors import ClusterError, LaunchError
 from .launcher import serialize, serialize_call, trace_of
-from .output import OutputRouter, OutputSpec
-from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
+from .output import OutputRouter
+from .settings import Forbid, LaunchSettings, takes_settings
 from .trace import Trace
 from .view import RankOutputView, ViewRouter, choose_view
 
-__all__ = ["Cluster", "ClusterError", "Results"]
+__all__ = ["Cluster", "ClusterError", "Results", "DEFAULT_WORLD_SIZE"]
 
-_AFTER_FAILURE = 2.0  # seconds the other ranks get to finish after one failed
+#: How many ranks ``Cluster()`` and the magics start when not told.
+DEFAULT_WORLD_SIZE = 2
 _INTERRUPT_WAIT = 1.5
 
 
@@ -52,54 +60,30 @@ class Results(list):
     trace: Trace | None = None
 
 
-class ClusterError(LaunchError):
-    """The cluster cannot take this request (not started, a rank dead or still busy)."""
-
-
+@takes_settings("cluster")
 class Cluster:
     """``world_size`` background ranks that run code on request and keep their state.
 
-    Parameters are those of :func:`helpers.launch`; ``timeout`` is the default for each
-    request (60 s, or 10 s while nbgrader grades); ``forbid`` switches calls off on the
-    ranks for their whole life; ``after_failure`` is how long the other ranks get to finish
-    a request once one rank failed (2 s: their variables are kept). ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
+    Parameters
+    ----------
+    world_size:
+        How many ranks to start (2 when not given).
+    start:
+        Start the ranks now (else on :meth:`start`, or ``with Cluster(...)``).
+    {settings}
+
+    Every setting is also an attribute (``cluster.timeout``), from ``cluster.settings``
+    (:class:`~helpers.settings.LaunchSettings`). ``timeout`` is the default for each request;
+    ``forbid`` switches calls off on the ranks for their whole life (:meth:`run` takes its
+    own for one call).
     """
 
-    def __init__(
-        self,
-        world_size: int = 2,
-        *,
-        backend: str = "auto",
-        nnodes: int = 1,
-        timeout: float | None = None,
-        output: OutputSpec = "live",
-        max_lines: int = 1000,
-        view: str = "auto",
-        start: bool = True,
-        forbid: Forbid = (),
-        after_failure: float = _AFTER_FAILURE,
-    ) -> None:
-        self.settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, output=output,
-                                       max_lines=max_lines, forbid=forbid)
-        if isinstance(after_failure, bool) or not isinstance(after_failure, (int, float)) or after_failure < 0:
-            raise ValueError(f"after_failure must be seconds, 0 or more; got {after_failure!r}.")
-        self.after_failure = float(after_failure)
-        if view not in ("auto", "widgets", "text"):
-            raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
-        self.view = view
+    def __init__(self, world_size: int = DEFAULT_WORLD_SIZE, *, start: bool = True, **settings: Any) -> None:
+        self.settings = LaunchSettings.of(world_size, "cluster", **settings)
         self.choice: Choice | None = None
         self._group: RankGroup | None = None
         if start:
             self.start()
-
-    # The settings the ranks were started with (see helpers.settings.LaunchSettings).
-    world_size = property(lambda self: self.settings.world_size)
-    backend = property(lambda self: self.settings.backend)
-    nnodes = property(lambda self: self.settings.nnodes)
-    timeout = property(lambda self: self.settings.timeout)
-    output = property(lambda self: self.settings.output)
-    max_lines = property(lambda self: self.settings.max_lines)
-    forbid = property(lambda self: self.settings.forbid)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -209,7 +193,7 @@ class Cluster:
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
         targets = self._targets(ranks)
-        refused = forbid_reasons(forbid) if forbid is not None else None
+        refused = LaunchSettings.checked("forbid", forbid) if forbid is not None else None
         outcome = self._request(Call(0, serialize_call(fn, args, kwargs), trace, refused), targets, timeout)
         return self._results(outcome, targets, trace)
 
@@ -320,28 +304,13 @@ class Cluster:
         group.poll(0)  # collect anything that happened since the last request
         group.take_events()
         for r in targets:
-            state = group.ranks[r]
-            if state.state == "exited":
-                how = (
-                    f"was killed by {signal_name(state.exitcode)}"
-                    if state.exitcode is not None and state.exitcode < 0
-                    else f"exited with code {state.exitcode}"
-                )
-                raise ClusterError(
-                    f"rank {r} {how} earlier, so the process group is broken. Run %dist_restart "
-                    "(or cluster.restart()) for a fresh group; variables on the ranks are lost."
-                )
-            if state.state == "busy":
-                raise ClusterError(
-                    f"rank {r} is still busy with an earlier request (probably blocked in a "
-                    "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
-                    "for a fresh group, or target other ranks with --ranks."
-                )
+            error = unusable_rank_error(r, group.ranks[r].state, group.ranks[r].exitcode)
+            if error is not None:
+                raise error
         return group
 
     def _request(self, request: Request, targets: list[int], timeout: float | None) -> Outcome:
-        timeout = self.timeout if timeout is None else float(timeout)
-        validate_world(self.world_size, self.nnodes, timeout)
+        timeout = self.timeout if timeout is None else LaunchSettings.checked("timeout", timeout)
         group = self._usable_group(targets)
         group.router.flush()
         group.router = self._router(targets)
@@ -372,11 +341,7 @@ class Cluster:
         group.take_events()
         stuck = [r for r in busy if group.ranks[r].state == "busy"]
         if stuck and announce:
-            group.router.note(
-                f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not stop: "
-                "blocked inside a communication call, which cannot be interrupted. Run "
-                "%dist_restart (or cluster.restart()) for a fresh group."
-            )
+            group.router.note(not_interrupted_note(stuck))
         return stuck
 
     def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
@@ -390,3 +355,15 @@ class Cluster:
         stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
         what = "The cell" if isinstance(request, Exec) else "The call"
         return kept_ranks_error(outcome, self.world_size, timeout, deadlocked=deadlocked, stuck=stuck, what=what)
+
+
+def _setting_property(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=LaunchSettings.help(name))
+
+
+# Each setting the ranks were started with is an attribute: cluster.world_size, cluster.timeout, ...
+for _name in LaunchSettings.names("cluster"):
+    if _name in vars(Cluster):
+        raise TypeError(f"the setting {_name!r} would hide Cluster.{_name}; give the setting another name")
+    setattr(Cluster, _name, _setting_property(_name))
+del _name

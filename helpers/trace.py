@@ -32,22 +32,13 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from ._runtime.calls import KNOWN
 from ._runtime.protocol import TraceEvent
 
 __all__ = ["Event", "Trace", "RING_PHASES"]
 
 #: The two phases of a ring all-reduce, in the order it runs them.
 RING_PHASES = ("reduce-scatter", "all-gather")
-_COLORS = {
-    "send": "#1f77b4",
-    "isend": "#6baed6",
-    "recv": "#ff7f0e",
-    "irecv": "#fdae6b",
-    "all_reduce": "#2ca02c",
-    "broadcast": "#9467bd",
-    "barrier": "#7f7f7f",
-}
-
 #: One torch.distributed call on one rank (the record the ranks send home).
 Event = TraceEvent
 
@@ -225,7 +216,8 @@ class Trace:
         fig, ax = _figure(ax, (10, 1.0 + 0.6 * self.world_size))
         seen = {}
         for e in self.events:
-            color = _COLORS.get(e.op, "#8c564b" if not e.is_p2p else "#bcbd22")
+            known = KNOWN.get(e.op)
+            color = known.color if known is not None and known.color else "#bcbd22" if e.is_p2p else "#8c564b"
             width = max(e.end - e.start, 1e-6)
             ax.barh(e.rank, width, left=e.start, height=0.5, color=color, edgecolor="black", linewidth=0.3)
             if e.async_op and e.waited is not None and e.waited > e.end:

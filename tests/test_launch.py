@@ -683,6 +683,8 @@ def test_forbidden_calls_raise_forbidden_call_error_with_the_launchs_reason(how,
     err = info.value
     assert isinstance(err.original, helpers.ForbiddenCallError), err
     assert call in err.original.call and err.original.reason == "build it by hand"
+    family, name = ("ddp", helpers.DDP) if how == "ddp" else ("collective", "all_reduce")
+    assert (err.original.family, err.original.name) == (family, name)  # what grading words its feedback on
     assert "switched off here: build it by hand" in str(err)
     assert rank_children() == []
 

@@ -40,7 +40,7 @@ from typing import Any, Callable
 from ..errors import ForbiddenCallError
 from . import callargs
 from .board import FLAG_UNSURE, RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board
-from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT
+from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, KNOWN, POINT_TO_POINT, family_of
 from .ddp_watch import watch_ddp
 from .protocol import TraceEvent
 from .work import TracedWork, threaded
@@ -202,26 +202,26 @@ class Instrument:
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in callargs.process_group_classes():
                     if hasattr(cls, method):
-                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason), refusing=True)
+                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason, name), refusing=True)
             try:
                 import torch.distributed._functional_collectives as fc
             except ImportError:
                 continue
             for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
                 if hasattr(fc, fname):
-                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason), refusing=True)
+                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason, name), refusing=True)
 
     def _forbid_course_ring(self, reason: str) -> None:
         from .. import ring
 
         for fname in ring.__all__:
-            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason), refusing=True)
+            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason, COURSE_RING), refusing=True)
 
     def _forbid_ddp(self, reason: str) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        self._set(DistributedDataParallel, "__init__", _refuser("torch.nn.parallel.DistributedDataParallel", reason),
-                  refusing=True)
+        self._set(DistributedDataParallel, "__init__",
+                  _refuser("torch.nn.parallel.DistributedDataParallel", reason, DDP), refusing=True)
 
     # -- the wrapper ------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class Instrument:
         params = list(inspect.signature(fn).parameters)
         peer_param = next((p for p in callargs.PEER_PARAMS if p in params), None)
         group_peer_param = next((p for p in callargs.GROUP_PEER_PARAMS if p in params), None)
-        tensor_param = callargs.TENSOR_PARAM.get(name, params[0] if params else None)
+        tensor_param = KNOWN[name].tensor or (params[0] if params else None)
         is_p2p = name in POINT_TO_POINT
         blocking = name in ("send", "recv")  # returns when the message is done (isend/irecv: at wait())
         inst = self
@@ -248,7 +248,7 @@ class Instrument:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if name in inst.forbidden:
-                raise ForbiddenCallError(f"torch.distributed.{name}", inst.forbidden[name])
+                raise ForbiddenCallError(f"torch.distributed.{name}", inst.forbidden[name], family_of(name), name)
             if getattr(local, "depth", 0):  # a call made by another wrapped call
                 return fn(*args, **kwargs)
             peer = argument(args, kwargs, peer_param)
@@ -357,7 +357,7 @@ class Instrument:
                 event.base_nbytes = tensor.untyped_storage().nbytes()
             except Exception:  # noqa: BLE001 - sparse or unusual tensors
                 pass
-        if "op" in bound and name in callargs.REDUCING:
+        if "op" in bound and name in KNOWN and KNOWN[name].reduces:
             event.reduce_op = str(bound["op"]).rsplit(".", 1)[-1]
         self.events.append(event)
         return event
@@ -367,9 +367,12 @@ class Instrument:
         return events
 
 
-def _refuser(label: str, reason: str) -> Callable:
+def _refuser(label: str, reason: str, name: str) -> Callable:
+    """A stand-in for the call ``label`` that raises; ``name`` is the ``forbid`` entry that switched it off."""
+    family = family_of(name)
+
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ForbiddenCallError(label, reason)
+        raise ForbiddenCallError(label, reason, family, name)
 
     refuse.__name__ = label.rsplit(".", 1)[-1]
     return refuse

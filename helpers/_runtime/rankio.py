@@ -16,14 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 from . import wire as _wire
+from .diagnose import dump_complete
 from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result
 
 __all__ = ["RankIO", "RankState"]
-
-#: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
-#: the rank factory's `python -c` module (see helpers._runtime.factory).
-_DUMP_END = b'File "<string>", line'
-
 
 
 @dataclass
@@ -197,9 +193,7 @@ class RankIO:
             # learner's own frame, which comes after torch's.
             if self.ranks[r].state == "exited":
                 return True
-            text = self.ranks[r].diag[before[r]:]
-            end = text.rfind(_DUMP_END)
-            return end >= 0 and b"\n" in text[end:]
+            return dump_complete(bytes(self.ranks[r].diag[before[r]:]))
 
         while time.monotonic() < deadline and not all(complete(r) for r in ranks):
             self.poll(0.05)
