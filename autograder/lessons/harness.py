@@ -342,10 +342,8 @@ def run_ranks(
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
-            call = err.original.call
-            what = ("lesson 8's ring from helpers.ring" if call.startswith("helpers.ring.")
-                    else "a built-in collective" if set(launch.forbid) - {helpers.COURSE_RING} <= set(helpers.COLLECTIVES)
-                    else "a switched-off call")
+            what = {"course_ring": "lesson 8's ring from helpers.ring",
+                    "collective": "a built-in collective"}.get(err.original.family, "a switched-off call")
             raise GradingFailure(f"rank {err.rank} called {what} {where}: {err.exc_message}", part) from None
         fault = course_frame(err.frames)
         if fault is not None:
