@@ -19,7 +19,7 @@ from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
-           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]
+           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout", "ShardedOptimizer"]
 
 
 def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -225,3 +225,47 @@ class MiniDDP(torch.nn.Module):
                     p.grad.copy_(mean)
         self._started = []
         self._ready = [0] * len(self.buckets)
+
+
+class ShardedOptimizer:
+    """Exercise 9.1: ZeRO-1. Each rank keeps optimizer state for its 1/p slice of the flattened parameters.
+
+    ``step()`` reduce-scatters the flattened gradients (each rank receives the mean of its
+    slice), steps the slice with ``optimizer_cls``, and all-gathers the updated slices into
+    every rank's parameters. The flat vector is padded to a multiple of the world size, since
+    a reduce-scatter gives every rank an equal share.
+    """
+
+    def __init__(self, params, optimizer_cls, **kwargs) -> None:
+        self.params = list(params)
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard = -(-self.numel // self.world_size)
+        flat = self._flatten([p.detach() for p in self.params])
+        mine = flat[self.rank * self.shard:(self.rank + 1) * self.shard]
+        self.local = torch.nn.Parameter(mine.clone())
+        self.optimizer = optimizer_cls([self.local], **kwargs)
+
+    def _flatten(self, tensors) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.shard * self.world_size - self.numel))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        grads = self._flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        mean = torch.empty_like(self.local)
+        reduce_scatter(mean, grads)
+        self.local.grad = mean.div_(self.world_size)
+        self.optimizer.step()
+        flat = torch.empty_like(grads)
+        all_gather(flat, self.local.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
