@@ -63,14 +63,14 @@ def _case(kind: str, dtype: str = "float32", big: bool = False) -> dict[str, Any
 
 def _run(attempt: Attempt, world: int, case: dict) -> list[dict]:
     name = OPTIMIZERS[case["optimizer"]][0]
-    context = (f"{STEPS} steps of {name} in {case['dtype']}, a model with tied weights of "
+    context = (f"{case['steps']} steps of {name} in {case['dtype']}, a model with tied weights of "
                f"{case['vocab'] * case['width'] + case['width'] ** 2 + case['width'] + case['vocab']} parameters")
     return list(attempt.run(sharded_worker, world, (attempt.fn, case, REASON), timeout=TIMEOUT, context=context))
 
 
 def _where(world: int, case: dict, numel: int) -> str:
     name = OPTIMIZERS[case["optimizer"]][0]
-    return f"on {plural(world, 'rank')}, {STEPS} steps of {name} ({case['dtype']}, {numel} parameters, tied weights)"
+    return f"on {plural(world, 'rank')}, {case['steps']} steps of {name} ({case['dtype']}, {numel} parameters, tied weights)"
 
 
 def _judge_params(attempt: Attempt, world: int, case: dict, replies: list[dict]) -> None:
@@ -128,7 +128,7 @@ def _state(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
         numel = replies[0]["numel"]
         shard = math.ceil(numel / world)
         allowed = 8 * shard + SLACK  # AdamW keeps two float32 moments per element it steps
-        where = _where(world, case, numel).replace(f"{STEPS} steps", "2 steps")
+        where = _where(world, case, numel)
         for rank, reply in enumerate(replies):
             state = reply["state"]
             if state["optimizers"] == 0:
