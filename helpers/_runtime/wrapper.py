@@ -92,12 +92,6 @@ class CallSite:
         tensor = args[self.tensor_at] if self.tensor_at < n else kwargs.get(self.tensor_param)
         return peer, group, tensor, callargs.nbytes(tensor)
 
-    def bound(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """Every argument of a call by parameter name (for a trace event's tag and reduce op)."""
-        out = dict(zip(self.params, args))
-        out.update(kwargs)
-        return out
-
     def refusal(self, reason: str) -> ForbiddenCallError:
         """The error a call of this function raises while an exercise switches it off."""
         return ForbiddenCallError(f"torch.distributed.{self.name}", reason, self.family, self.name)
@@ -112,13 +106,13 @@ def wrap(inst: Any, name: str, fn: Callable) -> Callable:
     local, perf_counter, is_work = inst._local, time.perf_counter, callargs.is_work
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if name in inst.forbidden:
+        if name in inst.forbidden:  # 1. switched off
             raise site.refusal(inst.forbidden[name])
-        if getattr(local, "depth", 0):  # made by another wrapped call: part of that one
+        if getattr(local, "depth", 0):  # 2. made by another wrapped call: part of that one
             return fn(*args, **kwargs)
-        peer, group, tensor, nbytes = read(args, kwargs)
+        peer, group, tensor, nbytes = read(args, kwargs)  # 3. on the board, before
         count = enter(inst, name, peer, tensor, group, nbytes)
-        local.depth = 1
+        local.depth = 1  # 4. the call
         start = perf_counter()
         try:
             result = fn(*args, **kwargs)
@@ -129,7 +123,7 @@ def wrap(inst: Any, name: str, fn: Callable) -> Callable:
         if count >= 0 and blocking:
             inst.counts[count] += 1  # a blocking send or recv is done: counted after the board says "running"
             count = -1
-        if inst.tracing or is_work(result):
+        if inst.tracing or is_work(result):  # 5. what goes back
             return hand_back(inst, site, result, args, kwargs, (peer, group, tensor, nbytes), count, start, end)
         return result
 
@@ -198,7 +192,10 @@ def hand_back(inst: Any, site: CallSite, result: Any, args: tuple, kwargs: dict,
     peer, group, tensor, nbytes = read
     if name == "recv" and peer is None and isinstance(result, int):
         peer = result  # a receive from any source: now we know who sent
-    bound = site.bound(args, kwargs) if inst.tracing else {}
+    bound = {}  # every argument by its parameter's name, for the event's tag and reduce op
+    if inst.tracing:
+        bound = dict(zip(site.params, args))
+        bound.update(kwargs)
     work = callargs.is_work(result)
     if work and callargs.called_from_torch(3):  # three frames up: past this function and the wrapper
         # torch's own code (DDP's Join support, for one) hands the request to C++,
