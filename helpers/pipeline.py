@@ -22,7 +22,7 @@ Example (two ranks, in a launch with ``trace=True``)::
     ...     stage = Stage(torch.nn.Linear(3, 3), input_shape=(2, 3), output_shape=(2, 3))
     ...     x = torch.ones(2, 3) if stage.is_first else torch.empty(stage.input_shape)
     ...     if not stage.is_first:
-    ...         dist.recv(x, src=stage.prev_rank)
+    ...         dist.recv(x, stage.prev_rank)
     ...     y = stage.forward(0, x, target=torch.zeros(2, 3) if stage.is_last else None)
     ...     if not stage.is_last:
     ...         dist.send(y, dst=stage.next_rank)

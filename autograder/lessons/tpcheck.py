@@ -71,9 +71,10 @@ def _reference(fc1, fc2, x, w, world_size: int) -> dict[str, Any]:
     h = F.gelu(fc1(x))
     y = fc2(h)
     (y * w).sum().backward()
-    k = fc1.out_features // world_size
+    width = fc1.out_features // world_size
     with torch.no_grad():
-        parts = [F.linear(h[:, r * k:(r + 1) * k], fc2.weight[:, r * k:(r + 1) * k]) for r in range(world_size)]
+        parts = [F.linear(h[:, r * width:(r + 1) * width], fc2.weight[:, r * width:(r + 1) * width])
+                 for r in range(world_size)]
     return {"y": y.detach(), "x_grad": x.grad, "partial": [p + fc2.bias.detach() for p in parts],
             "bias": fc2.bias.detach().clone(),
             "grads": {"fc1.weight": fc1.weight.grad, "fc1.bias": fc1.bias.grad, "fc2.weight": fc2.weight.grad,
