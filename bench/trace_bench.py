@@ -79,9 +79,9 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     """Seconds each wrapper adds to one call, measured around a no-op function."""
     import time
 
-    from helpers._runtime.instrument import Instrument
-
     from helpers._runtime.board import Board
+    from helpers._runtime.instrument import Instrument
+    from helpers._runtime.wrapper import wrap
 
     board = Board.create(1)
     inst = Instrument(0, board, 1)
@@ -92,7 +92,7 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     import torch
 
     t = torch.ones(16)
-    wrapped = inst._wrap("send", noop)
+    wrapped = wrap(inst, "send", noop)
     out = {}
     for mode, fn, tracing in (("bare", noop, False), ("board", wrapped, False), ("traced", wrapped, True)):
         inst.tracing = tracing

@@ -23,35 +23,26 @@ waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers._run
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any, Callable, Sequence
 
 from ._runtime.cells import cache_source
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
+from ._runtime.kept import ask
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
-from ._runtime.report import (
-    Outcome,
-    group_stopped_error,
-    interrupted_cell,
-    kept_ranks_error,
-    not_interrupted_note,
-    unusable_rank_error,
-)
+from ._runtime.report import Outcome, group_stopped_error, unusable_rank_error
 from .backend import Choice, resolve_backend
-from .errors import ClusterError, LaunchError
+from .errors import ClusterError
 from .launcher import serialize, serialize_call, trace_of
-from .output import OutputRouter
 from .settings import Forbid, LaunchSettings, takes_settings
 from .trace import Trace
-from .view import RankOutputView, ViewRouter, choose_view
+from .view import RequestOutput
 
 __all__ = ["Cluster", "ClusterError", "Results", "DEFAULT_WORLD_SIZE"]
 
 #: How many ranks ``Cluster()`` and the magics start when not told.
 DEFAULT_WORLD_SIZE = 2
-_INTERRUPT_WAIT = 1.5
 
 
 class Results(list):
@@ -80,6 +71,7 @@ class Cluster:
 
     def __init__(self, world_size: int = DEFAULT_WORLD_SIZE, *, start: bool = True, **settings: Any) -> None:
         self.settings = LaunchSettings.of(world_size, "cluster", **settings)
+        self._output = RequestOutput(self.view, self.output, self.max_lines, self.world_size)
         self.choice: Choice | None = None
         self._group: RankGroup | None = None
         if start:
@@ -96,7 +88,7 @@ class Cluster:
             return self
         factory = get_factory()
         self.choice = resolve_backend(self.backend, self.world_size, factory.info)
-        router = self._router()
+        router = self._output.router()
         group = RankGroup(factory, self.settings, init_backend=self.choice.init_backend, router=router,
                           devices=list(self.choice.devices) if self.choice.devices else None)
         self._group = group
@@ -202,7 +194,7 @@ class Cluster:
         for r in targets:
             reply = outcome.replies[r]
             if display and reply.text is not None:
-                self._last_router.note(f"[rank {r}] Out: {reply.text}")
+                self._output.last.note(f"[rank {r}] Out: {reply.text}")
             out.append(reply.value())
         if trace:
             out.trace = trace_of(self.world_size, outcome)
@@ -282,20 +274,6 @@ class Cluster:
                 out.append(r)
         return out
 
-    def _router(self, ranks: list[int] | None = None) -> OutputRouter:
-        previous = getattr(self, "_view", None)
-        if previous is not None:
-            previous.close_if_unused()  # a request that printed nothing leaves no widgets behind
-            self._view = None
-        view = self.view if self.view != "auto" else choose_view()
-        if view == "widgets" and self.output == "live":
-            self._view = RankOutputView(self.world_size, ranks)
-            router = ViewRouter(self._view.write, max_lines=self.max_lines)
-        else:
-            router = OutputRouter(self.output, max_lines=self.max_lines)
-        self._last_router = router
-        return router
-
     def _usable_group(self, targets: list[int]) -> RankGroup:
         """The running group, once every targeted rank can take a request; else why not."""
         group = self._group
@@ -310,51 +288,13 @@ class Cluster:
         return group
 
     def _request(self, request: Request, targets: list[int], timeout: float | None) -> Outcome:
+        """Ask the targeted ranks (see :func:`helpers._runtime.kept.ask`: a failure interrupts
+        the ranks still running and raises); their output goes to a new router."""
         timeout = self.timeout if timeout is None else LaunchSettings.checked("timeout", timeout)
         group = self._usable_group(targets)
         group.router.flush()
-        group.router = self._router(targets)
-        try:
-            outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=self.after_failure)
-        except KeyboardInterrupt:
-            busy = [r for r in targets if group.ranks[r].state == "busy"]
-            stuck = self._interrupt(busy)
-            raise interrupted_cell(busy, stuck) from None
-        finally:
-            group.router.flush()
-        if not outcome.ok:
-            raise self._error(outcome, request, timeout)
-        return outcome
-
-    def _interrupt(self, busy: list[int], announce: bool = True) -> list[int]:
-        """Send SIGINT to busy ranks; returns those still busy after a short wait."""
-        group = self._group
-        if not busy:
-            return []
-        group.signal(signal.SIGINT, busy)
-        deadline = time.monotonic() + _INTERRUPT_WAIT
-        while time.monotonic() < deadline and any(group.ranks[r].state == "busy" for r in busy):
-            try:
-                group.poll(0.05)
-            except KeyboardInterrupt:
-                break
-        group.take_events()
-        stuck = [r for r in busy if group.ranks[r].state == "busy"]
-        if stuck and announce:
-            group.router.note(not_interrupted_note(stuck))
-        return stuck
-
-    def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
-        """Interrupt the ranks still running, then the error for the request, saying what
-        state the group is left in.
-
-        Deadlocked ranks (``outcome.deadlock``) are blocked inside gloo, where an interrupt
-        cannot reach them: they are not tried, and the error says to restart.
-        """
-        deadlocked = list(outcome.deadlock.ranks) if outcome.deadlock is not None else []
-        stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
-        what = "The cell" if isinstance(request, Exec) else "The call"
-        return kept_ranks_error(outcome, self.world_size, timeout, deadlocked=deadlocked, stuck=stuck, what=what)
+        group.router = self._output.router(targets)
+        return ask(group, request, targets, timeout, after_failure=self.after_failure)
 
 
 def _setting_property(name: str) -> property:

@@ -21,6 +21,7 @@ from conftest import rank_children
 from helpers import Cluster, DeadlockError, LaunchTimeoutError
 from helpers._runtime.deadlock import STABLE, DeadlockWatch, stuck_ranks
 from helpers._runtime.instrument import Instrument
+from helpers._runtime.wrapper import wrap
 from helpers._runtime.board import (
     FLAG_TIMED,
     FLAG_UNSURE,
@@ -148,7 +149,7 @@ def test_docstring_examples_run():
     import doctest
     import importlib
 
-    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report"):
+    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report", "wrapper"):
         module = importlib.import_module(f"helpers._runtime.{name}")
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
@@ -254,7 +255,7 @@ def wrapped():
             log.append((name, board.read()[0].phase, board.read_counts()))
             return FakeWork(log, board, 0) if name.startswith("i") else src
 
-        return inst._wrap(name, send if "send" in name else recv)
+        return wrap(inst, name, send if "send" in name else recv)
 
     yield {name: fake(name) for name in ("send", "recv", "isend", "irecv")}, board, inst, log
     board.close()

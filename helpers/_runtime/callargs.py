@@ -33,9 +33,10 @@ def nbytes(value: Any) -> int | None:
     return None
 
 
-def called_from_torch() -> bool:
-    """Whether the wrapped call was made by torch's own code (two frames up: past the wrapper)."""
-    caller = sys._getframe(2).f_globals.get("__name__", "")
+def called_from_torch(frames_up: int = 2) -> bool:
+    """Whether the wrapped call was made by torch's own code: the module of the frame
+    ``frames_up`` above this function's (by default two: past the wrapper that asks)."""
+    caller = sys._getframe(frames_up).f_globals.get("__name__", "")
     return caller == "torch" or caller.startswith("torch.")
 
 

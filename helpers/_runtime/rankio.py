@@ -175,9 +175,10 @@ class RankIO:
     def dump_stacks(self, ranks: list[int], wait: float = 3.0) -> dict[int, str]:
         """Ask ranks for their Python stacks; returns rank -> faulthandler dump text.
 
-        The dumps usually arrive within milliseconds. ``wait`` is long because the signal
-        goes through the rank factory, which is deaf for a second or two while it does its
-        one idle warm-up import (helpers._runtime.factory_process); a shorter wait then found no stack.
+        The signal goes through the rank factory, which sends it at once even during its
+        warm-up import (seconds on a busy machine: :func:`helpers._runtime.factory_process._warm_up`),
+        and the dumps usually arrive within milliseconds. Waiting ends as soon as every dump
+        is whole; ``wait`` only bounds it for a rank too starved of CPU to write one.
         """
         ranks = [r for r in ranks if self.ranks[r].state != "exited"]
         if not ranks:
