@@ -98,7 +98,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10, 7: 10, 8: 6, 9: 10)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10, 7: 10, 8: 6, 9: 10, 10: 19)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -118,6 +118,9 @@ def test_points_per_lesson_are_unchanged():
         "7.1": {"runs": 2, "same_result": 3, "rank_zero_only": 2, "clean_exit": 1, "any_topology": 2},
         "8.1": {"hang": 2, "wrong_result": 2, "crash": 2},
         "9.1": {"sgd": 3, "adamw": 2, "state": 2, "traffic": 3},
+        "10.1": {"forward": 2, "backward": 2, "communication": 2, "shards": 1},
+        "10.2": {"gradients": 3, "messages": 2, "bubble": 3, "no_hang": 1},
+        "10.3": {"gradients": 1, "memory": 1, "bubble": 1},
     }
 
 
@@ -520,7 +523,7 @@ def test_shared_pieces():
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
     "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
-    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts")]
+    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""
