@@ -233,6 +233,116 @@ def test_the_schedule_must_leave_rank_r_owning_chunk_r():
         exercise("4.1").grade(shifted, "all_gather")
 
 
+# Exercise 4.4 answers with the mistakes learners make, each a few lines away from a working ring.
+_RING_MISTAKES = '''
+import torch
+import torch.distributed as dist
+
+
+def _bounds(n, p):
+    size = -(-n // p)
+    return [(min(i * size, n), min((i + 1) * size, n)) for i in range(p)]
+
+
+def _steps(rank, p, flat, chunks, exchange):
+    for step in range(p - 1):
+        send, recv = (rank - step - 1) % p, (rank - step - 2) % p
+        chunks[recv] += exchange(chunks[send], chunks[recv])
+
+
+def _gather(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = _bounds(flat.numel(), p)
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p
+        request = dist.isend(flat[slice(*bounds[send])], (rank + 1) % p)
+        dist.recv(flat[slice(*bounds[recv])], (rank - 1) % p)
+        request.wait()
+    return tensor
+
+
+def _isend_recv(rank, p):
+    def exchange(outgoing, like):
+        incoming = torch.empty_like(like)
+        request = dist.isend(outgoing.clone(), (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+        request.wait()
+        return incoming
+    return exchange
+
+
+def chunked_with_torch_chunk(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).chunk(p))          # fewer than p chunks when the elements run out
+    _steps(rank, p, tensor, chunks, _isend_recv(rank, p))
+    return _gather(tensor)
+
+
+def works_on_a_copy(tensor):
+    tensor = tensor.clone()                          # the caller's tensor is never touched again
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+    _steps(rank, p, flat, chunks, _isend_recv(rank, p))
+    return _gather(tensor)
+
+
+def returns_nothing(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+    _steps(rank, p, flat, chunks, _isend_recv(rank, p))
+    _gather(tensor)                                  # the sum is in place, but nothing is returned
+
+
+def sends_first(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+
+    def exchange(outgoing, like):
+        incoming = torch.empty_like(like)
+        dist.send(outgoing.clone(), (rank + 1) % p)  # every rank sends first: nobody receives
+        dist.recv(incoming, (rank - 1) % p)
+        return incoming
+    _steps(rank, p, flat, chunks, exchange)
+    return _gather(tensor)
+
+
+def reads_before_wait(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+
+    def exchange(outgoing, like):
+        incoming = torch.zeros_like(like)
+        sent, received = dist.isend(outgoing.clone(), (rank + 1) % p), dist.irecv(incoming, (rank - 1) % p)
+        early = incoming.clone()                     # read before received.wait(): often still zeros
+        received.wait()
+        sent.wait()
+        return early
+    _steps(rank, p, flat, chunks, exchange)
+    return _gather(tensor)
+'''
+_RINGS = {"__name__": "lesson04_test_mistakes"}
+exec(compile(_RING_MISTAKES, "<4.4 test mistakes>", "exec"), _RINGS)
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ("chunked_with_torch_chunk", r"(?s)raised IndexError.*torch\.chunk\(t, p\).*returns fewer than p.*chunk_bounds\(n, p\)"),
+    ("works_on_a_copy", r"the tensor passed in was not changed"),
+    ("returns_nothing", r"the function returned None instead of the tensor it was given"),
+    ("sends_first", r"(?s)deadlocked.*every rank is sending before anyone receives.*dist\.isend.*even ranks send first"),
+    ("reads_before_wait", r"(?s)a partial sum.*half-finished exchange.*Call wait\(\) before you read"),
+])
+def test_4_4_feedback_names_the_fix(mistake, says):
+    """Does 4.4's self-check answer each usual mistake (torch.chunk's short list, a copy, no return, every rank
+    sending first, a buffer read before its wait()) with the fix, not only with the values or a raw exception?"""
+    with pytest.raises(GradingFailure, match=says):
+        exercise("4.4").self_check(_RINGS[mistake])
+
+
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
     """Does Exercise 3.3 (collectives allowed) accept the reference, and give a plain dist.all_reduce the sums but not the hierarchy part?"""
     from autograder.lessons.reference import hierarchical_all_reduce
