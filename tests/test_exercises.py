@@ -233,7 +233,8 @@ def test_the_schedule_must_leave_rank_r_owning_chunk_r():
         exercise("4.1").grade(shifted, "all_gather")
 
 
-# Exercise 4.4 answers with the mistakes learners make, each a few lines away from a working ring.
+# Answers to Exercises 4.4 and 8.1 with the mistakes learners make, each a few lines away from a working one
+# (defined outside this module, so that the ranks receive them by value instead of importing this file).
 _RING_MISTAKES = '''
 import torch
 import torch.distributed as dist
@@ -324,6 +325,32 @@ def reads_before_wait(tensor):
         return early
     _steps(rank, p, flat, chunks, exchange)
     return _gather(tensor)
+
+
+class _Repaired8Wrongly:
+    """Exercise 8.1's programs with two of the lesson's mistakes left in: every rank sends first, and the
+    gather pads each rank's tensor to its own length (plus one) instead of the longest."""
+
+    @staticmethod
+    def pass_right(rank, world_size, x):
+        incoming = torch.empty_like(x)
+        dist.send(x, dst=(rank + 1) % world_size)
+        dist.recv(incoming, src=(rank - 1) % world_size)
+        return incoming
+
+    @staticmethod
+    def global_mean(rank, world_size, x):
+        return x.mean()
+
+    @staticmethod
+    def gather_all(rank, world_size, x):
+        length = torch.tensor([x.numel()])
+        lengths = [torch.zeros_like(length) for _ in range(world_size)]
+        dist.all_gather(lengths, length)
+        padded = torch.cat([x, torch.zeros(1, dtype=x.dtype)])
+        pieces = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(pieces, padded)
+        return torch.cat([piece[: int(n)] for piece, n in zip(pieces, lengths)])
 '''
 _RINGS = {"__name__": "lesson04_test_mistakes"}
 exec(compile(_RING_MISTAKES, "<4.4 test mistakes>", "exec"), _RINGS)
@@ -341,6 +368,16 @@ def test_4_4_feedback_names_the_fix(mistake, says):
     sending first, a buffer read before its wait()) with the fix, not only with the values or a raw exception?"""
     with pytest.raises(GradingFailure, match=says):
         exercise("4.4").self_check(_RINGS[mistake])
+
+
+def test_8_1_feedback_names_the_fix():
+    """Does 8.1 answer a send-first pass_right with isend or the odd/even order, and a gather of unequal sizes
+    (gloo aborts the rank: SIGABRT) with the rule that the ranks agree on the longest length first?"""
+    with pytest.raises(GradingFailure, match=r"(?s)hang \(pass_right\): your code deadlocked.*dist\.isend.*even ranks send first"):
+        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "hang")
+    with pytest.raises(GradingFailure, match=r"(?s)crash \(gather_all\): rank \d was killed by SIGABRT.*gloo's all_gather needs "
+                                             r"every rank's tensor to have the same number of elements.*longest"):
+        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "crash")
 
 
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
