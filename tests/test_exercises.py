@@ -380,6 +380,101 @@ def test_8_1_feedback_names_the_fix():
         exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "crash")
 
 
+# Answers to Exercises 5.1 and 5.2 with the mistakes the feedback must name (run by value on the ranks).
+_LESSON05_MISTAKES = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def averages_the_weights(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.all_reduce(p)
+            p /= dist.get_world_size()
+
+
+def sums_in_float32(model):
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params])    # the float64 gradients lose digits here
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for p, part in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(part.view_as(p.grad))
+
+
+def divides_before_wait(model):
+    works = []
+    for p in model.parameters():
+        if p.grad is not None:
+            works.append(dist.all_reduce(p.grad, async_op=True))
+            p.grad /= dist.get_world_size()                            # the sum has not arrived yet
+    for work in works:
+        work.wait()
+
+
+def _average(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def _loop(model, loader, epochs, lr, sampler=None, split=None):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for epoch in range(epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            if split is not None:
+                x, y = x[split[0]::split[1]], y[split[0]::split[1]]
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            _average(model)
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def no_set_epoch(rank, world_size, dataset, model, epochs, batch_size, lr):
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+    return _loop(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), epochs, lr)
+
+
+def not_sharded(rank, world_size, dataset, model, epochs, batch_size, lr):
+    return _loop(model, DataLoader(dataset, batch_size=batch_size, shuffle=True), epochs, lr)
+
+
+def splits_each_batch(rank, world_size, dataset, model, epochs, batch_size, lr):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return _loop(model, loader, epochs, lr, split=(rank, world_size))
+'''
+_LESSON05 = {"__name__": "lesson05_test_mistakes"}
+exec(compile(_LESSON05_MISTAKES, "<5.1 and 5.2 test mistakes>", "exec"), _LESSON05)
+
+
+@pytest.mark.parametrize("number, mistake, says", [
+    ("5.1", "averages_the_weights", r"the weights \(the parameters themselves\) changed: your code averaged the weights "
+                                    r"instead of the gradients"),
+    # The float32 sum is within a millionth of the mean: the numbers shown must not read as the mean itself.
+    ("5.1", "sums_in_float32", r"rank 0 ended with 2\.33333325\d+; .*within a millionth of the mean but not on it "
+                               r"\(the mean is 2\.3333333333333335\).*float32"),
+    ("5.1", "divides_before_wait", r"half-finished exchange.*Call wait\(\) before you read, add, copy or divide"),
+    ("5.2", "no_set_epoch", r"epoch 1 gave every rank the same samples, in the same order, as epoch 0.*"
+                            r"sampler\.set_epoch\(epoch\)"),
+    ("5.2", "not_sharded", r"It trained on all 12 samples every epoch, not on its own 6: give each rank its own shard"),
+    ("5.2", "splits_each_batch", r"fewer than batch_size \(3\), which is already the batch of one rank"),
+])
+def test_5_1_and_5_2_feedback_names_the_mistake(number, mistake, says):
+    """Do 5.1's and 5.2's self-checks name weights averaged instead of gradients, a sum that lost precision (without
+    printing numbers that look like the mean), a division before wait(), a loop without set_epoch, an unsharded
+    loop and a batch split between the ranks, instead of a number or an unrelated hint?"""
+    with pytest.raises(GradingFailure, match=says):
+        exercise(number).self_check(_LESSON05[mistake])
+
+
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
     """Does Exercise 3.3 (collectives allowed) accept the reference, and give a plain dist.all_reduce the sums but not the hierarchy part?"""
     from autograder.lessons.reference import hierarchical_all_reduce

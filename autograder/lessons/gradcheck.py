@@ -7,7 +7,9 @@
 - :func:`grad_worker` (on the ranks): one backward pass on this rank's shard, then the
   learner's ``average_gradients``; it returns the gradients, the reference and what changed;
 - :func:`signature_worker` and :func:`judge_signature`: every rank's gradient set to 2**rank,
-  so the value each rank ends with says which ranks were summed and what it was divided by.
+  so the value each rank ends with says which ranks were summed and what it was divided by;
+- :func:`training_worker` (on the ranks): a few optimizer steps with the learner's averaging
+  against the same steps in one process.
 
 The lesson's exercises and parts are declared in :mod:`autograder.lessons.lesson05`; this
 module ships to learners with it (the self-checks use it).
@@ -18,10 +20,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .kit import Attempt
-from .pieces import plural
+from .pieces import HALF_FINISHED, plural, read_before_wait, recorded
 
 __all__ = ["graded_model", "graded_batch", "shard_loss", "reference_grads", "grad_worker", "signature_worker",
-           "judge_signature"]
+           "judge_signature", "training_worker"]
 
 
 def graded_model(kind: str, dtype_name: str, seed: int):
@@ -80,14 +82,20 @@ def reference_grads(kind: str, dtype_name: str, seed: int, world_size: int, per_
     return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
 
 
-def signature_worker(rank: int, world_size: int, fn: Callable) -> list[float]:
-    """Each rank's gradient is 2**rank everywhere; returns what each rank ends with."""
+def signature_worker(rank: int, world_size: int, fn: Callable) -> dict[str, Any]:
+    """Each rank's gradient is 2**rank everywhere (and its weight 10 (rank + 1)); returns what each rank ends with.
+
+    Also whether the learner's code changed the weight itself, and whether it received data
+    asynchronously (see :func:`autograder.lessons.pieces.read_before_wait`).
+    """
     import torch
 
-    weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    weight = torch.nn.Parameter(torch.full((3,), 10.0 * (rank + 1), dtype=torch.float64))
+    before = weight.detach().clone()
     weight.grad = torch.full((3,), float(2 ** rank), dtype=torch.float64)
-    fn(torch.nn.ParameterList([weight]))
-    return weight.grad.tolist() if weight.grad is not None else None
+    _, calls = recorded(lambda: fn(torch.nn.ParameterList([weight])))
+    return {"grad": weight.grad.tolist() if weight.grad is not None else None,
+            "weight_changed": not torch.equal(weight.detach(), before), "asynchronous": read_before_wait(calls)}
 
 
 def grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name: str, seed: int,
@@ -108,13 +116,49 @@ def grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name:
     shard_loss(model, kind, x[part], y[part], rank).backward()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     reference = None if spread else reference_grads(kind, dtype_name, seed, world_size, per_rank)
-    fn(model)
+    _, calls = recorded(lambda: fn(model))
     return {
         "reference": reference,
+        "asynchronous": read_before_wait(calls),
         "grads": {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()},
         "changed": [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])],
         "equal_after": {name: p.detach().clone() for name, p in model.named_parameters()},
     }
+
+
+def training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, seed: int, steps: int,
+                     per_rank: int) -> dict[str, Any]:
+    """``steps`` steps with the learner's averaging, and the same steps in one process: the largest difference."""
+    import torch
+
+    def make_optimizer(params):
+        if optimizer == "sgd":
+            return torch.optim.SGD(params, lr=0.1)
+        if optimizer == "momentum":
+            return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+        return torch.optim.Adam(params, lr=0.02)
+
+    def batch(step):
+        return graded_batch(seed + 1000 * (step + 1), per_rank * world_size, "float64")
+
+    single = graded_model("mlp", "float64", seed)  # one process on the whole batch, before the learner's code runs
+    opt_single = make_optimizer(single.parameters())
+    for step in range(steps):
+        x, y = batch(step)
+        opt_single.zero_grad()
+        shard_loss(single, "mlp", x, y, rank).backward()
+        opt_single.step()
+    mine = graded_model("mlp", "float64", seed)
+    opt_mine = make_optimizer(mine.parameters())
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    for step in range(steps):
+        x, y = batch(step)
+        opt_mine.zero_grad()
+        shard_loss(mine, "mlp", x[part], y[part], rank).backward()
+        fn(mine)
+        opt_mine.step()
+    worst = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), single.parameters()))
+    return {"worst": worst, "scale": max(p.abs().max().item() for p in single.parameters())}
 
 
 def _decode_signature(value: float, world_size: int) -> str:
@@ -128,26 +172,46 @@ def _decode_signature(value: float, world_size: int) -> str:
     return "no sum of the ranks' gradients"
 
 
-def judge_signature(attempt: Attempt, world_size: int, values: list) -> None:
+def _shown(value: float, want: float) -> str:
+    """``value`` with as many digits as it takes to tell it from ``want`` (``2.33333`` would hide a difference)."""
+    return repr(value) if f"{value:g}" == f"{want:g}" and value != want else f"{value:g}"
+
+
+def judge_signature(attempt: Attempt, world_size: int, replies: list[dict]) -> None:
+    """Fail with what the ranks' values say about the averaging, unless every rank holds the mean of 2**rank."""
     want = (2 ** world_size - 1) / world_size
     where = f"on {plural(world_size, 'rank')}, each rank's gradient set to 2**rank (1, 2, 4, ...)"
-    got = [None if v is None else v[0] for v in values]
+    got = [None if r["grad"] is None else r["grad"][0] for r in replies]
     if all(v is not None and abs(v - want) < 1e-9 for v in got):
         return
+    asynchronous = any(r["asynchronous"] for r in replies)
     if any(v is None for v in got):
         rank = got.index(None)
         attempt.fail(f"{where}: rank {rank}'s .grad became None; it should hold the mean, {want:g}.")
-    summary = "; ".join(f"rank {r} ended with {v:g}" for r, v in enumerate(got))
-    hint = ""
-    if all(abs(v - (2 ** world_size - 1)) < 1e-9 for v in got):
-        hint = (f" Every rank holds the sum, {2 ** world_size - 1}: exactly world_size = {world_size} times too "
-                "large. Did you divide by the world size?")
-    elif abs(got[0] - want) < 1e-9 or abs(got[0] - (2 ** world_size - 1)) < 1e-9:
+    summary = "; ".join(f"rank {r} ended with {_shown(v, want)}" for r, v in enumerate(got))
+    total = 2 ** world_size - 1
+    if any(r["weight_changed"] for r in replies):
+        hint = (" The gradients were not averaged, and the weights (the parameters themselves) changed: your code "
+                "averaged the weights instead of the gradients. Average each parameter's .grad and leave the "
+                "parameter to the optimizer.")
+    elif all(abs(v - total) < 1e-9 for v in got):
+        hint = (f" Every rank holds the sum, {total}: exactly world_size = {world_size} times too large. Did you "
+                "divide by the world size?")
+        if asynchronous:
+            hint += (" If your code does divide, it divides too early: a division made before wait() on an "
+                     "asynchronous all_reduce is overwritten when the sum arrives. Wait first, then divide.")
+        asynchronous = False
+    elif all(abs(v - want) <= 1e-6 * abs(want) for v in got):
+        hint = (f" Every rank is within a millionth of the mean but not on it (the mean is {want!r}): these "
+                "gradients are float64, and the sum went through a lower precision on the way, float32 for "
+                "instance. Keep each gradient's dtype (torch.zeros_like(p.grad), not torch.zeros(n)).")
+    elif abs(got[0] - want) < 1e-9 or abs(got[0] - total) < 1e-9:
         hint = (" Rank 0 is right but the others are not: the sum reached rank 0 only, as with dist.reduce. "
                 "Use dist.all_reduce so that every rank gets it.")
     elif all(abs(v - 2 ** r) < 1e-9 or abs(v - 2 ** r / world_size) < 1e-9 for r, v in enumerate(got)):
         hint = " Each rank kept its own gradient: nothing was summed across the ranks."
     else:
         hint = " Rank 0's value is " + _decode_signature(got[0], world_size) + "."
+    if asynchronous:
+        hint += " " + HALF_FINISHED
     attempt.fail(f"{where}: every rank should end with the mean {want:g}; {summary}.{hint}")
-
