@@ -47,6 +47,20 @@ EXPECTED_OUTPUTS = {
         ("def wrong_interface(", r"Unable to find address for: eth7"),
         ("try_program(Broken, name)", r"rank 0 waits in recv\(src=1\) at Cell In\[\d+\], line \d+, in pass_right"),
     ],
+    # Lesson 06's prose reads these off its cells (torch 2.13): Join's divisor, the hooks' order under a forward pass
+    # the data steers, where clipping belongs, SyncBatchNorm on a CPU, per-rank seeds, the first step's single bucket.
+    "06-ddp": [
+        ("def lone_last_step(", r"divide_by_initial_world_size=True: rank 0's gradient at its two steps: \[1\.0, 0\.5\]"),
+        ("def lone_last_step(", r"divide_by_initial_world_size=False: rank 0's gradient at its two steps: \[1\.0, 1\.0\]"),
+        ("def hook_order(", r"rank 0: hooks fired in the order \['b', 'a'\]\nrank 1: hooks fired in the order \['a', 'b'\]"),
+        ("def clipped_step(", r"clipped before the sync: same step as one process: False"),
+        ("def clipped_step(", r"clipped after  the sync: same step as one process: True"),
+        ("def batch_statistics(", r"SyncBatchNorm here: ValueError: SyncBatchNorm expected input tensor to be on GPU|"
+                                  r"SyncBatchNorm's mean"),
+        ("def dropout_mask(", r"one seed for all : units dropped on rank 0 (\[[01, ]+\]), on rank 1 \1\n"),
+        ("for cap in (25, 1):", r"bucket_cap_mb= 1, step 1: 1 all-reduce\(s\), MB: \[6\.0\d\]\n"
+                                r"bucket_cap_mb= 1, step 2: 6 all-reduce\(s\)"),
+    ],
     # Lesson 10's prose quotes these numbers; a section that needs a newer torch says "Skipped".
     "10-model-parallelism": [
         ("def tp_forward(", r"each rank's output equals the whole MLP's: \[True, True, True, True\]"),
