@@ -50,6 +50,27 @@ def test_graded_cells_match_the_declared_exercises(notebook):
     assert found == [], "\n\n".join(found)
 
 
+# Lessons 09 and 10 came after this rule; 9.2's measured check sits between its answer and its graded cells.
+LAYOUT_CHECKED = [p for p in NOTEBOOKS if int(p.name[:2]) <= 8]
+
+
+@pytest.mark.parametrize("notebook", LAYOUT_CHECKED, ids=lambda p: p.parent.name)
+def test_the_first_code_cell_after_an_answer_runs_its_self_check(notebook):
+    """As lesson 00 tells learners: is the first code cell after each exercise's answer cell the one that runs its
+    visible self-check (a markdown note may sit between), so that demonstrations come after the checks?"""
+    cells = json.loads(notebook.read_text())["cells"]
+    wrong = []
+    for i, cell in enumerate(cells):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if not (cell.get("metadata", {}).get("nbgrader", {}).get("solution") and grade_id.startswith("ex")):
+            continue
+        number = grade_id.split("-")[0][len("ex"):].replace("_", ".")
+        after = next((c for c in cells[i + 1:] if c["cell_type"] == "code"), None)
+        if after is None or f'exercise("{number}").self_check(' not in "".join(after["source"]):
+            wrong.append(f"{grade_id}: the next code cell is {''.join(after['source']).splitlines()[0] if after else None!r}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_a_mismatched_notebook_is_reported(tmp_path):
     """Would the check above catch wrong points, a missing part, a duplicated part and an old-style cell?"""
     nb = json.loads((ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb").read_text())

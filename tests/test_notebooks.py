@@ -46,6 +46,8 @@ EXPECTED_OUTPUTS = {
         ("def short_timeout(", r"Timed out waiting 2000ms"),
         ("def wrong_interface(", r"Unable to find address for: eth7"),
         ("try_program(Broken, name)", r"rank 0 waits in recv\(src=1\) at Cell In\[\d+\], line \d+, in pass_right"),
+        ("def step_time(", r"bucket_cap_mb=0\.01 +24 all-reduces per step"),  # one per layer, not per parameter
+        ("def compare_rings(", r"schedule of rank 0 of 3: \[\(0, 2, True\), \(2, 1, True\), \(1, 0, False\), \(0, 2, False\)\]"),
     ],
     # Lesson 06's prose reads these off its cells (torch 2.13): Join's divisor, the hooks' order under a forward pass
     # the data steers, where clipping belongs, SyncBatchNorm on a CPU, per-rank seeds, the first step's single bucket.
@@ -60,6 +62,11 @@ EXPECTED_OUTPUTS = {
         ("def dropout_mask(", r"one seed for all : units dropped on rank 0 (\[[01, ]+\]), on rank 1 \1\n"),
         ("for cap in (25, 1):", r"bucket_cap_mb= 1, step 1: 1 all-reduce\(s\), MB: \[6\.0\d\]\n"
                                 r"bucket_cap_mb= 1, step 2: 6 all-reduce\(s\)"),
+    ],
+    # Lesson 07: what the old launcher passes in torch 2.13 (the argument and the variable), and what torchrun passes.
+    "07-launching-at-scale": [
+        ('"-m", "torch.distributed.launch"', r"rank \d: arguments \['--local-rank=\d'\], LOCAL_RANK=\d"),
+        ('"-m", "torch.distributed.launch"', r"rank \d: arguments \[\], LOCAL_RANK=\d, local rank \d \(from LOCAL_RANK\)"),
     ],
     # Lesson 10's prose quotes these numbers; a section that needs a newer torch says "Skipped".
     "10-model-parallelism": [
@@ -141,3 +148,12 @@ def test_course_is_in_sync_with_solutions():
     from autograder.course.build import stale_lessons
 
     assert stale_lessons() == [], "course/ is out of date: run `make course` and commit course/"
+
+
+def test_lesson_00_lists_every_lesson_on_the_road_ahead():
+    """Does lesson 00's road-ahead table give one row to every lesson in solutions/, from 00 to the last, in order?"""
+    nb = json.loads((ROOT / "solutions" / "00-getting-started" / "00-getting-started.ipynb").read_text())
+    text = next(_source(c) for c in nb["cells"] if "## The road ahead" in _source(c))
+    table = text.split("## The road ahead", 1)[1]
+    rows = re.findall(r"^\| (\d{2}) ", table, re.M)
+    assert rows == [lesson[:2] for lesson in LESSONS], f"the road ahead lists lessons {rows}; solutions/ has {LESSONS}"
