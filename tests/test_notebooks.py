@@ -157,3 +157,29 @@ def test_lesson_00_lists_every_lesson_on_the_road_ahead():
     table = text.split("## The road ahead", 1)[1]
     rows = re.findall(r"^\| (\d{2}) ", table, re.M)
     assert rows == [lesson[:2] for lesson in LESSONS], f"the road ahead lists lessons {rows}; solutions/ has {LESSONS}"
+
+
+@pytest.mark.slow
+def test_a_failing_self_check_reads_as_exercise_part_and_message_in_a_kernel(tmp_path):
+    """In a real kernel, does a failing self-check show 'GradingFailure: Exercise 5.1, part "self-check": ...' with the
+    fix, and none of the checks' frames (kit.py, lesson05.py), while a fault of the course (CheckError) keeps its
+    traceback for the instructor?"""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
+        "import torch, torch.distributed as dist\nfrom autograder import exercise",
+        "def average_gradients(model):\n    for p in model.parameters():\n        if p.grad is not None:\n"
+        "            dist.all_reduce(p.grad)          # the sum, never divided",
+        'exercise("5.1").self_check(average_gradients)',
+        "from autograder.lessons.kit import Exercise, Part\n"
+        "broken = Exercise(number=\"9.9\", function=\"f\", title=\"t\", parts=(Part(\"p\", 1, \"p.\", lambda a: {}[\"key\"]),))\n"
+        "broken.grade(print, \"p\")",
+    )])
+    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    [failure] = [o for o in nb.cells[2].outputs if o.output_type == "error"]
+    shown = "\n".join(failure.traceback)
+    assert failure.ename == "GradingFailure"
+    assert re.search(r'GradingFailure.*: Exercise 5\.1, part "self-check": on 2 ranks.*Did you divide by the world size\?', shown), shown
+    assert not [name for name in ("kit.py", "lesson05.py", "gradcheck.py", "harness.py", "Traceback") if name in shown], shown
+    [fault] = [o for o in nb.cells[3].outputs if o.output_type == "error"]
+    assert fault.ename == "CheckError" and "the course's check itself failed (KeyError" in fault.evalue
+    assert "kit.py" in "\n".join(fault.traceback)  # the whole traceback, for the instructor
