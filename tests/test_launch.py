@@ -318,15 +318,16 @@ def test_ranks_stuck_joining_the_group_are_described_as_still_starting():
     try:
         group.start()
         outcome = group.wait_ready(1.5)
-        assert outcome.pending == [0, 1] and not outcome.failures
+        assert outcome.pending == outcome.unstarted == [0, 1] and not outcome.failures
         assert [record.phase for record in outcome.board] == ["starting", "starting"]
-        err = outcome_error(outcome, 2, 1.5, what="Starting the ranks")
+        err = outcome_error(outcome, 2, 1.5)
     finally:
         group.stop()
         group.close()
     for rank in (0, 1):
         assert "still starting" in err.waiting[rank] and "<string>" not in err.waiting[rank], err.waiting
-    assert str(err).startswith("Starting the ranks did not finish within 1.5 s")
+    assert str(err).startswith("The ranks did not start within 1.5 s: ranks 0, 1 of 2 had not started."), str(err)
+    assert err.unstarted == [0, 1]
     assert rank_children() == []
 
 
