@@ -5,7 +5,8 @@ Ranks start in steps that can each take seconds on a busy machine: the rank fact
 what was sent, which imports the modules the function and its arguments use. None of that is
 the learner's code, so it has a limit of its own, reported apart ("did not start within"), and a
 hang report only ever speaks of ranks that all started. A rank that fails while starting still
-fails at once, with its own error.
+fails at once, with its own error. And a rank asked for its stack (SIGUSR1) before it can give
+one ignores the signal instead of dying of it.
 
 The slow starts here are arguments whose unpickling on a rank sleeps, as a slow import would;
 everything is defined inside the tests, so it travels by value, as a notebook's code does.
@@ -13,11 +14,16 @@ everything is defined inside the tests, so it travels by value, as a notebook's 
 
 from __future__ import annotations
 
+import os
+import signal
+import textwrap
+
 import pytest
 
 import helpers
-from conftest import rank_children
+from conftest import rank_children, wait_until
 from helpers import LaunchTimeoutError, RankFailedError
+from helpers._runtime.diagnose import dump_complete
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 
@@ -130,3 +136,64 @@ def test_a_rank_that_fails_to_load_fails_at_once_with_its_error():
     err = info.value
     assert (err.rank, err.exc_type, err.exc_message, err.stopped) == (1, "ValueError", "no such dataset", [0])
     assert str(err).startswith("rank 1 of 2 raised ValueError while loading what was sent to it: no such dataset")
+
+
+# --------------------------------------------------------------------------- SIGUSR1 during start-up
+
+#: Run in the factory before its loop: rank 0 of each group waits, just forked, before anything of
+#: its own start-up (its faulthandler among it), until the file GATE exists.
+_HOLD_RANK_0 = """
+import os, time
+from helpers._runtime import rank as _rank
+_main = _rank.main
+def _held(spec, group, fds, parent):
+    while spec.rank == 0 and not os.path.exists(GATE):
+        time.sleep(0.01)
+    _main(spec, group, fds, parent)
+_rank.main = _held
+"""
+
+
+def test_a_rank_asked_for_its_stack_before_it_can_give_one_lives_on(tmp_path):
+    """Is a SIGUSR1 (a hang report's request for stacks) sent through the factory to a rank held just after its fork
+    ignored, so that the rank then starts, runs a call and answers the next SIGUSR1 with its stack?"""
+    from helpers._runtime.factory import Factory
+    from helpers._runtime.group import RankGroup
+    from helpers._runtime.protocol import Call
+    from helpers.launcher import serialize_call
+    from helpers.settings import LaunchSettings
+
+    gate = tmp_path / "open"
+    factory = Factory(prelude=f"GATE = {str(gate)!r}\n" + textwrap.dedent(_HOLD_RANK_0))
+    group = None
+    try:
+        factory.wait_ready()
+        group = RankGroup(factory, LaunchSettings(2, backend="gloo", init=False), init_backend="gloo")
+        group.start()
+
+        def rank_1_ready():
+            group.poll(0.05)
+            return group.ranks[1].state == "idle"
+
+        assert wait_until(rank_1_ready, 60), "rank 1 did not start"
+        assert group.ranks[0].state == "starting" and group.ranks[0].pid is not None
+        # The factory signals the ranks in the order it forked them: once rank 1's stack has come, rank 0 (held
+        # before it could install any handler) has had its signal.
+        group.signal(signal.SIGUSR1, [0, 1])
+
+        def rank_1_dumped():
+            group.poll(0.05)
+            return dump_complete(bytes(group.ranks[1].diag))
+
+        assert wait_until(rank_1_dumped, 30), f"rank 1 sent no stack: {bytes(group.ranks[1].diag)!r}"
+        gate.touch()
+        ready = group.wait_ready(60)
+        assert ready.ok, f"rank 0 did not survive the signal: {ready.failures}"
+        outcome = group.request(Call(0, serialize_call(lambda rank, world_size: os.getpid(), ())), [0, 1], 30)
+        assert outcome.ok and [outcome.replies[r].value() for r in (0, 1)] == [group.ranks[0].pid, group.ranks[1].pid]
+        assert dump_complete(group.dump_stacks([0])[0].encode()), "rank 0 gives no stack once started"
+    finally:
+        if group is not None:
+            group.stop()
+            group.close()
+        factory.close()

@@ -13,7 +13,9 @@ are pipes the notebook reads and labels.
 Before the learner's part of a request runs, the rank says
 :class:`~helpers._runtime.protocol.Started`: what came before (setting up, joining the
 process group, unpickling the function and its arguments, which imports the modules they
-use) is start-up, which the request's timeout does not count.
+use) is start-up, which the request's timeout does not count. Until the rank installs its
+own ``SIGUSR1`` handler (the stack dump of a hang report) it ignores that signal, as the
+factory it was forked from does.
 """
 
 from __future__ import annotations
