@@ -300,16 +300,19 @@ def test_ranks_that_had_not_started_get_a_start_up_report_not_a_hang_report(lear
     line of the learner's file) while rank 0 started, does the error say so, blame none of the learner's code, and
     carry the late ranks as ``unstarted``?"""
     loading = dump(("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"), (learner, 1, "<module>"),
-                   ("<frozen importlib._bootstrap>", 1176, "_find_and_load"), (f"{HELPERS}/_runtime/rank.py", 230, "_load"))
+                   ("<frozen importlib._bootstrap>", 1176, "_find_and_load"),
+                   (f"{HELPERS}/_runtime/rank.py", 230, "_load"))
+    board = [BoardRecord(0, "call", "recv", peer=1), BoardRecord(1, "starting"), BoardRecord(2, "running")]
     outcome = Outcome(pending=[0, 1, 2], unstarted=[1, 2], start_limit=60.0, stacks={0: in_recv(learner), 2: loading},
-                      board=[BoardRecord(0, "call", "recv", peer=1), BoardRecord(1, "starting"), BoardRecord(2, "running")])
+                      board=board)
     err = outcome_error(outcome, 3, 5.0, note="All ranks were stopped.")
     assert type(err) is LaunchTimeoutError and err.unstarted == [1, 2] and err.timeout == 60.0
     lines = str(err).splitlines()
     assert lines[0] == "The ranks did not start within 60 s: ranks 1, 2 of 3 had not started. All ranks were stopped."
     assert lines[2] == err.waiting[1] and err.waiting[1].startswith("rank 1 was still starting")
     assert err.waiting[2] == ("rank 2 was still loading what was sent to it (unpickling the function and its arguments "
-                              f"imports the modules they use) at {learner}, line 1, in <module>: import torch.distributed as dist")
+                              f"imports the modules they use) at {learner}, line 1, in <module>: "
+                              "import torch.distributed as dist")
     assert lines[4] == "started: rank 0 (running, maybe waiting for the others)"
     assert "timeout= counts only your code" in str(err) and "Wait-for" not in str(err) and err.findings == []
     assert hang_report(hung_ring(learner), 2, 5.0).unstarted == []

@@ -55,7 +55,8 @@ def test_loading_longer_than_the_timeout_is_not_counted():
     def work(rank, world_size, value):
         return rank, value
 
-    assert helpers.launch(work, 2, (loaded_slowly(4.0),), timeout=2, backend="gloo", output="quiet") == [(0, 4.0), (1, 4.0)]
+    results = helpers.launch(work, 2, (loaded_slowly(4.0),), timeout=2, backend="gloo", output="quiet")
+    assert results == [(0, 4.0), (1, 4.0)]
 
 
 def test_a_persistent_ranks_call_counts_from_its_start_too():

@@ -29,7 +29,6 @@ class RankState:
     rank: int
     pid: int | None = None
     state: str = "starting"  # starting, idle, busy, exited
-    joined: bool = False  # set up, with its process group: it said Ready
     started: int | None = None  # the last request whose learner's part it began (Started)
     exitcode: int | None = None
     main_thread: int | None = None
@@ -124,7 +123,6 @@ class RankIO:
         if isinstance(reply, Ready):
             if state.state == "starting":  # else a launch's request already waits for it: busy
                 state.state = "idle"
-            state.joined = True
             state.main_thread = reply.main_thread
             return
         if isinstance(reply, Started):

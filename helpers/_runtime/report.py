@@ -6,8 +6,8 @@ into the notebook's exception, for launches and persistent ranks alike: the root
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
 died) when a rank failed, else, when ranks had not started the request within the start-up
 limit, the start-up report (:func:`startup_report`), else the hang report (a
-:class:`~helpers.DeadlockError` when the ranks were found deadlocked before the timeout). :func:`kept_ranks_error` adds, for
-persistent ranks, what state the group is left in, :func:`unusable_rank_error` says why a
+:class:`~helpers.DeadlockError` when the ranks were found deadlocked before the timeout).
+:func:`kept_ranks_error` adds, for persistent ranks, what state the group is left in, :func:`unusable_rank_error` says why a
 rank cannot take the next request, and :func:`interrupted_launch`, :func:`interrupted_cell`
 and :func:`not_interrupted_note` word what the stop button ended. Decisions here read typed
 fields (the cause's class, the board's records, the hang's :class:`~helpers._runtime.diagnose.Finding`
@@ -77,7 +77,8 @@ class Outcome:
 def failure_error(failure: Failure, world_size: int, stopped: list[int], note: str = "") -> RankFailedError:
     """The notebook's error for a rank that raised; ``note`` is added as a last paragraph."""
     err, rank = failure.error, failure.rank
-    phase = {"init": " while setting up its process group", "load": " while loading what was sent to it"}.get(err.phase, "")
+    phase = {"init": " while setting up its process group",
+             "load": " while loading what was sent to it"}.get(err.phase, "")
     if err.type == "SystemExit":
         head = f"rank {rank} of {world_size} called sys.exit({err.message}){phase}"
     else:
@@ -168,8 +169,8 @@ def outcome_error(
     """The exception for a request that did not end well.
 
     ``what`` names what ran ("The cell"); ``timeout`` is the request's (ranks that had not
-    started it, ``outcome.unstarted``, are reported with ``outcome.start_limit``); ``note`` says what was
-    done about the other ranks (added after a failure's traceback, or in a hang report's
+    started it, ``outcome.unstarted``, are reported with ``outcome.start_limit``); ``note``
+    says what was done about the other ranks (added after a failure's traceback, or in a hang report's
     first line); ``stopped`` lists the ranks stopped because of a failure.
     """
     if outcome.cause is not None:
@@ -270,8 +271,9 @@ def startup_report(outcome: Outcome, world_size: int, limit: float, what: str = 
               f"imports) has its own limit, {limit:g} s; timeout= counts only your code, from the moment every rank "
               "started it. A very busy machine, or a module that takes this long to import, is the likely cause: "
               "free the machine and run it again. Each rank's stack is on the error's .stacks."]
-    return LaunchTimeoutError("\n".join(lines), timeout=limit, stacks={r: diagnose.format_stack(f) for r, f in frames.items()},
-                              waiting=waiting, finished=outcome.finished, notes=[], findings=[], unstarted=list(late))
+    stacks = {r: diagnose.format_stack(f) for r, f in frames.items()}
+    return LaunchTimeoutError("\n".join(lines), timeout=limit, stacks=stacks, waiting=waiting,
+                              finished=outcome.finished, notes=[], findings=[], unstarted=list(late))
 
 
 def _not_started(rank: int, record: BoardRecord | None, frames: list[dict]) -> str:
