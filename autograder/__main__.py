@@ -7,8 +7,11 @@
                    time, each in a bubblewrap sandbox, re-graded in a clean process; write
                    feedback to autograder/feedback/, grades to autograder/grades.csv and
                    the class summary to autograder/class-summary.csv and .html
-  release [DIR]    build the learner distribution (course, helpers, self-checks; no answers,
-                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz
+  release [--allow-colab-placeholder] [DIR]
+                   build the learner distribution (course, helpers, self-checks; no answers,
+                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;
+                   refused while REPOSITORY in autograder/course/colab.py is the placeholder,
+                   unless the flag asks for a draft (its README says Colab does not work)
 """
 
 import sys
