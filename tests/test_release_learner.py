@@ -341,3 +341,18 @@ def test_a_handed_in_archive_is_graded_as_it_unpacks(graded_class):
     root, _ = graded_class
     cells, points = layout(LESSON)
     assert scores(root, LESSON, cells, STUDENT) == points
+
+
+# -- the modules' examples ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["autograder.grading.selfcheck", "autograder.grading.handin",
+                                    "autograder.release.readme", "autograder.release.project"])
+def test_docstring_examples_run(module):
+    """Do the runnable examples in the learner commands' and the release's docstrings give what they show?"""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{module} shows no runnable example"
+    assert result.failed == 0, f"{result.failed} docstring examples of {module} failed"
