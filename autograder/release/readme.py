@@ -125,7 +125,8 @@ that an answer needs must be inside those definitions, not in a cell's loose sta
    instructor unpacks everyone's files into one folder (`python3 -m zipfile -e
    your-name.zip submissions/`) and grades that folder as it is.
 4. On Colab: *File > Download > Download .ipynb*, and send the notebook as your instructor
-   asks, or put it in `course/<lesson>/` of a copy of this course and run step 3 there.
+   asks, or put it in `course/<lesson>/` of a copy of this course (under its own name,
+   `<lesson>.ipynb`) and run `make handin STUDENT=your-name LESSON=<lesson>` there.
 
 If your instructor gives you another way to hand in (their own upload page, nbgrader's
 exchange), use theirs: the file they want is `course/<lesson>/<lesson>.ipynb`.
