@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from ..course import colab
 from .checks import check_colab, check_imports, check_no_markup, check_notebook, is_placeholder
 from .project import (GITIGNORE, grading_limits, learner_environment, learner_makefile, learner_nbgrader_config,
                       learner_pyproject, load_toml)
@@ -72,7 +73,8 @@ def _contents(root: Path, name: str, repository: str, allow_placeholder: bool) -
     files["README.md"] = learner_readme(
         python=main["project"]["requires-python"].replace(">=", "") + " or newer", env_name=env_name,
         clone=None if draft else f"{repository.rstrip('/').removesuffix('.git')}.git", archive=f"{name}.tar.gz",
-        folder=name, cell_timeout=limits.get("Execute", {}).get("timeout", 30), placeholder=repository if draft else None)
+        folder=name, cell_timeout=limits.get("Execute", {}).get("timeout", 30),  # 30: nbgrader's default
+        placeholder=repository if draft else None)
     files[".gitignore"] = GITIGNORE
     return files
 
@@ -113,8 +115,6 @@ def build(dest: Path, root: Path = ROOT, *, repository: str | None = None, allow
     ``REPOSITORY`` in :mod:`autograder.course.colab`) is the placeholder, unless
     ``allow_colab_placeholder``: then the release's README warns that the Colab badges do not work.
     """
-    from ..course import colab
-
     dest = Path(dest).absolute()
     _replaceable(dest, root)
     files = _contents(root, dest.name, repository or colab.REPOSITORY, allow_colab_placeholder)
@@ -165,8 +165,6 @@ def main(argv: list[str]) -> int:
     archive = out.parent / f"{out.name}.tar.gz"
     print(f"Learner course written to {out} ({len(names)} files, {size / 1e6:.1f} MB) and {archive} "
           f"({archive.stat().st_size / 1e6:.1f} MB).")
-    from ..course import colab
-
     if is_placeholder(colab.REPOSITORY):
         print("Draft: REPOSITORY in autograder/course/colab.py is still the placeholder, so the Colab badges do not "
               "work, and the release's README says so at the top. Set REPOSITORY, run `make course` and build again "
