@@ -11,6 +11,8 @@
 #   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
 #   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
+#   RELEASE_ARGS extra arguments for the release, e.g. --allow-colab-placeholder for a draft
+#               built before REPOSITORY (autograder/course/colab.py) is set
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -117,9 +119,10 @@ instructor: venv
 # Instructor: the learner distribution (course/, helpers, self-checks; no solutions or hidden
 # tests) as a folder to publish as its own repository, and RELEASE_DIR.tar.gz next to it.
 RELEASE_DIR ?= dist/learner-course
+RELEASE_ARGS ?=
 
 release: venv
-	$(VENV_PY) -m autograder release $(RELEASE_DIR)
+	$(VENV_PY) -m autograder release $(RELEASE_ARGS) $(RELEASE_DIR)
 
 clean-venv:
 	rm -rf $(VENV)
