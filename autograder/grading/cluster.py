@@ -96,14 +96,20 @@ def check(client: Any, sandboxed: bool, wait: bool = True) -> dict[str, dict[str
     states = client.run(_worker_state)
     mine = code_fingerprint()
     wrong = []
+    unsandboxed = sorted(address for address, state in states.items() if sandboxed and state["sandbox"])
+    for address in unsandboxed:
+        wrong.append(f"  {address} ({states[address]['host']}) cannot sandbox learners' code: "
+                     f"{states[address]['sandbox']}.")
     for address, state in sorted(states.items()):
-        if sandboxed and state["sandbox"]:
-            wrong.append(f"  {address} ({state['host']}) cannot sandbox learners' code: {state['sandbox']}.")
         if state["code"] != mine:
             wrong.append(f"  {address} ({state['host']}) runs other course code than this machine (its helpers and "
-                         f"autograder modules differ: {state['code']} here {mine}); install this commit there.")
+                         f"autograder modules differ: {state['code']} there, {mine} here); install this commit "
+                         "there.")
+    several = sorted(address for address, n in client.nthreads().items() if n > 1)
+    if several:
+        print(f"Note: {', '.join(several)} run several threads each, and grade one submission at a time all the same: "
+              "start grading workers with `dask worker ... --nthreads 1 --nworkers N` instead.", flush=True)
     if wrong:
-        hint = f"\n{install_hint()}\nTo grade without a sandbox anyway, pass --no-sandbox." if sandboxed and any(
-            "sandbox" in line for line in wrong) else ""
+        hint = f"\n{install_hint()}\nTo grade without a sandbox anyway, pass --no-sandbox." if unsandboxed else ""
         raise ClusterUnavailable("These Dask workers must not grade:\n" + "\n".join(wrong) + hint)
     return states

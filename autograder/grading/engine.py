@@ -41,7 +41,7 @@ from .slurm import Slurm
 from .submission import grade_submission
 from .task import TRIES, Graded, Task
 
-__all__ = ["Workers", "connect", "run", "grade_on_worker", "died", "TOPIC"]
+__all__ = ["Workers", "Connection", "connect", "start_line", "run", "grade_on_worker", "died", "TOPIC"]
 
 #: The scheduler event topic every start of a submission on a worker is also logged to.
 TOPIC = "course-grading"
@@ -108,6 +108,51 @@ def connect(workers: Workers) -> Iterator[Any]:
             client.close()
         if cluster is not None and owned:
             cluster.close()
+
+
+class Connection:
+    """:func:`connect` begun in a thread of its own: the cluster starts and warms up while the run prepares.
+
+    :meth:`client` waits for it (raising what connecting raised); leaving the ``with`` block closes
+    what was started.
+    """
+
+    def __init__(self, workers: Workers) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._context = connect(workers)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="course-grading-connect")
+        self._started = self._pool.submit(self._context.__enter__)
+
+    def client(self) -> Any:
+        return self._started.result()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._started.result()
+        except BaseException:  # noqa: BLE001 - it never connected: nothing to close (the error was raised by client())
+            return
+        finally:
+            self._pool.shutdown(wait=False)
+        self._context.__exit__(None, None, None)
+
+
+def start_line(count: int, workers: Any, client: Any, sandboxed: bool) -> str:
+    """What this run does, where, how many at a time, and how safely (printed once it starts)."""
+    plural = "s" if count != 1 else ""
+    if workers.local:
+        where = f"{workers.jobs} at a time"
+    else:
+        threads = _threads(client)
+        where = f"on {workers.describe()}, {threads} at a time now"
+        link = client.dashboard_link if "dashboard" in client.scheduler_info().get("services", {}) else None
+        where += f" (dashboard: {link})" if link else ""
+    safety = ("each in a sandbox." if sandboxed else
+              "WITHOUT a sandbox (--no-sandbox): learners' code runs with your rights.")
+    return f"Grading {count} submission{plural}, {where}, {safety}"
 
 
 # -- the workers ------------------------------------------------------------------------------

@@ -194,23 +194,6 @@ def _tasks(pairs: list[tuple[str, str]], template: Path, sandboxed: bool) -> lis
     return tasks
 
 
-def _start_line(count: int, workers: Any, client: Any, sandboxed: bool) -> str:
-    """What this run does, where, how many at a time, and how safely (printed once it starts)."""
-    from .engine import _threads
-
-    plural = "s" if count != 1 else ""
-    if workers.local:
-        where = f"{workers.jobs} at a time"
-    else:
-        threads = _threads(client)
-        where = f"on {workers.describe()}, {threads} at a time now"
-        link = client.dashboard_link if "dashboard" in client.scheduler_info().get("services", {}) else None
-        where += f" (dashboard: {link})" if link else ""
-    safety = ("each in a sandbox." if sandboxed else
-              "WITHOUT a sandbox (--no-sandbox): learners' code runs with your rights.")
-    return f"Grading {count} submission{plural}, {where}, {safety}"
-
-
 def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_ungraded: bool = False,
           workers: Any = None) -> dict[str, Any]:
     """The whole workflow; returns the run's record, also written to autograder/grading-run.json.
@@ -220,13 +203,11 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     Dask scheduler's workers, or SLURM jobs. ``sandboxed`` False runs learners' code without
     the sandbox (the summary then says so); ``only_ungraded`` grades only what has no grade
     yet. Raises :class:`autograder.grading.sandbox.SandboxUnavailable` when a sandbox is asked
-    for and cannot run here, and :class:`autograder.grading.engine.ClusterUnavailable` when a
+    for and cannot run here, and :class:`autograder.grading.cluster.ClusterUnavailable` when a
     cluster cannot be reached or its workers must not grade.
     """
     try:
-        from .cluster import check
-        from .engine import Workers, connect, run
-        from .progress import Progress
+        from .engine import Connection, Workers
     except ImportError as exc:
         raise RuntimeError(f"{ENGINE_MISSING} ({exc})") from exc
 
@@ -240,26 +221,39 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
         from .sandbox import require
 
         require()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
-    _record_lessons(lessons())
-    found = collect(source)
     grades = WORK / "grades.csv"
-    record: dict[str, Any] = {"started": started_at, "seconds": 0.0, "source": str(source), "jobs": workers.jobs,
-                              "workers": workers.describe(), "sandbox": sandboxed,
-                              "grades_csv": str(grades.relative_to(ROOT)), "submissions": []}
-    if not found:
-        print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
-        RECORD.write_text(json.dumps(record, indent=2) + "\n")
-        return record
-    pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
-    kept: dict[tuple[str, str], dict[str, Any]] = {}
-    if only_ungraded:
-        already = _graded_already(pairs)
-        before = _previous()
-        kept = {key: before[key] for key in already if key in before}
-        pairs = [key for key in pairs if key not in already]
-        print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
+    record: dict[str, Any] = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0,
+                              "source": str(source), "jobs": workers.jobs, "workers": workers.describe(),
+                              "sandbox": sandboxed, "grades_csv": str(grades.relative_to(ROOT)), "submissions": []}
+    with Connection(workers) as connection:  # the workers start while the lessons are recorded
+        _record_lessons(lessons())
+        found = collect(source)
+        if not found:
+            print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
+            RECORD.write_text(json.dumps(record, indent=2) + "\n")
+            return record
+        pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
+        kept: dict[tuple[str, str], dict[str, Any]] = {}
+        if only_ungraded:
+            already = _graded_already(pairs)
+            before = _previous()
+            kept = {key: before[key] for key in already if key in before}
+            pairs = [key for key in pairs if key not in already]
+            print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
+        left = _grade_pairs(pairs, record, workers, connection) if pairs else []
+    record["submissions"].extend(r for key, r in kept.items())
+    return _finish(record, left, started)
+
+
+def _grade_pairs(pairs: list[tuple[str, str]], record: dict[str, Any], workers: Any, connection: Any) -> list[Task]:
+    """Grade each (student, lesson) on the connection's workers, merging each into the course as it comes back;
+    returns the tasks a Ctrl-C left."""
+    from .cluster import check
+    from .engine import run, start_line
+    from .merge import merge
+    from .progress import Progress
+
     runs = record["submissions"]
 
     def retry(graded: Graded) -> None:
@@ -267,8 +261,6 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
         print(f"  {graded.student}/{graded.lesson}: grading failed ({graded.error}); trying once more", flush=True)
 
     def done(graded: Graded, retried: list[str]) -> None:
-        from .merge import merge
-
         run = graded.record()
         run["retried_because"] = retried
         try:
@@ -285,21 +277,27 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
         state = "ok" if run["status"] == "ok" else f"FAILED ({run['failure']}: {run['error']})"
         print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s{note}: {state}", flush=True)
 
-    left: list[Task] = []
-    if pairs:
-        with tempfile.TemporaryDirectory() as scratch:
-            template = Path(scratch) / "gradebook.db"
-            shutil.copy2(WORK / "gradebook.db", template)
-            tasks = _tasks(pairs, template, sandboxed)
-        with connect(workers) as client:
-            if not workers.local:
-                check(client, sandboxed, wait=workers.slurm is None)
-            print(_start_line(len(tasks), workers, client, sandboxed), flush=True)
-            progress = Progress(len(tasks))
-            left = run(client, tasks, uuid.uuid4().hex, on_final=done, on_retry=retry, progress=progress)
-            if not workers.local:
-                record["jobs"] = progress.most_threads
-    runs.extend(r for key, r in kept.items())
+    with tempfile.TemporaryDirectory() as scratch:
+        template = Path(scratch) / "gradebook.db"
+        shutil.copy2(WORK / "gradebook.db", template)
+        tasks = _tasks(pairs, template, record["sandbox"])
+    client = connection.client()
+    if not workers.local:
+        check(client, record["sandbox"], wait=workers.slurm is None)
+    print(start_line(len(tasks), workers, client, record["sandbox"]), flush=True)
+    progress = Progress(len(tasks))
+    left = run(client, tasks, uuid.uuid4().hex, on_final=done, on_retry=retry, progress=progress)
+    if not workers.local:
+        record["jobs"] = progress.most_threads
+    return left
+
+
+def _finish(record: dict[str, Any], left: list[Task], started: float) -> dict[str, Any]:
+    """Export the grades, write the run's record and the class summary, and print them."""
+    from .summary import summarise
+
+    grades = ROOT / record["grades_csv"]
+    runs = record["submissions"]
     runs.sort(key=lambda r: (r["lesson"], r["student"]))
     _export(grades)
     scores = _scores(grades)
@@ -309,9 +307,6 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     record["seconds"] = round(time.monotonic() - started, 2)
     record["not_graded"] = [t.name for t in left]
     RECORD.write_text(json.dumps(record, indent=2) + "\n")
-
-    from .summary import summarise
-
     summary = summarise(record, WORK)
     print(f"\nGrades: {grades.relative_to(ROOT)}    Feedback: autograder/feedback/<student>/<lesson>/    "
           f"Logs: {LOGS.relative_to(ROOT)}/<student>/<lesson>.log    This run: {RECORD.relative_to(ROOT)}")
