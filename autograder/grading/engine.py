@@ -264,7 +264,7 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
     why: dict[str, dict[int, str]] = {}  # submission -> try -> why that try failed (tries whose result came back)
     lost: dict[str, int] = {}  # submission -> times a dead worker held it before it started
     progress = progress or Progress(len(tasks))
-    serial = 0
+    serial, merging = 0, None
     try:
         while waiting or running:
             threads = _threads(client)
@@ -297,7 +297,9 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
                 waiting.append(replace(task, attempt=graded.attempt + 1))
                 continue
             progress.clear()
+            merging = task  # a Ctrl-C while it is merged leaves it among the ungraded
             on_final(graded, _retried_because(graded.attempt, why.get(task.name, {}), starts))
+            merging = None
             progress.done(ok=graded.status == "ok")
             progress.show(running=len(running))
         progress.clear()
@@ -305,4 +307,4 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
     except KeyboardInterrupt:
         progress.clear()
         client.cancel([future for _, future in running.values()])
-        return [task for task, _ in running.values()] + waiting
+        return ([merging] if merging else []) + [task for task, _ in running.values()] + waiting
