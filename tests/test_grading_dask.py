@@ -287,3 +287,54 @@ def test_slurm_settings_and_the_dry_run_from_the_command_line(tmp_path):
     done = subprocess.run([*base, "--slurm", "--scheduler", "tcp://127.0.0.1:1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "give one of them" in done.stderr, done.stderr
+
+
+# -- what travels with a task, and what a worker leaves behind -------------------------------------
+
+
+def test_task_files_stay_in_their_folder_and_links_do_not_travel(tmp_path):
+    """Are a task's files refused when they would leave their folder, and does a link a learner's kernel left in
+    its folder (to a file of the grading machine) stay behind when the graded folder travels back?"""
+    from autograder.grading.task import read_files, write_files
+
+    with pytest.raises(ValueError, match="must stay inside"):
+        write_files(tmp_path / "work", {"../escaped.txt": b"x"})
+    assert not (tmp_path / "escaped.txt").exists()
+    made = tmp_path / "made"
+    write_files(made, {"nb.ipynb": b"{}", "sub/data.txt": b"1"})
+    (made / "key").symlink_to(tmp_path / "secret")
+    (tmp_path / "secret").write_text("instructor's key")
+    (made / "linked-folder").symlink_to(tmp_path)
+    assert read_files(made) == {"nb.ipynb": b"{}", "sub/data.txt": b"1"}
+
+
+def test_work_folders_of_dead_grading_processes_are_swept(tmp_path):
+    """Does a worker clear the work folders that a killed grading process left, and only those?"""
+    from autograder.grading.workfolder import PREFIX, sweep
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"{PREFIX}{dead.pid}-abc"
+    alive = tmp_path / f"{PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{PREFIX}not-a-pid"
+    for folder in (left, alive, other):
+        folder.mkdir()
+    assert sweep(tmp_path) == [left]
+    assert not left.exists() and alive.exists() and other.exists()
+
+
+def test_a_worker_without_bubblewrap_refuses_a_sandboxed_task(monkeypatch):
+    """Does grade_submission on a machine where bubblewrap cannot run refuse to grade (the grading machinery's
+    failure, with the install line) instead of running the learner's code unsandboxed?"""
+    from autograder.grading import sandbox
+    from autograder.grading.submission import grade_submission
+
+    monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap-here")
+    sandbox.problem.cache_clear()
+    try:
+        graded = grade_submission(Task("ana", LESSON, {}, {"00-getting-started.ipynb": b"{}"}))
+    finally:
+        sandbox.problem.cache_clear()
+    assert (graded.status, graded.failure) == ("failed", "infrastructure"), graded
+    assert "cannot sandbox learners' code" in graded.error and "apt-get install bubblewrap" in graded.error
+    assert graded.files == {} and graded.gradebook == {}

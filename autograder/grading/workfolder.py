@@ -111,8 +111,12 @@ class Job:
         self.task = task
         self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self.work = self.folder / "autograder"
-        write_files(self.folder, task.course)  # nbgrader_config.py, solutions/<lesson>/, autograder/gradebook.db
-        write_files(self.submitted, task.submitted)
+        try:
+            write_files(self.folder, task.course)  # nbgrader_config.py, solutions/<lesson>/, autograder/gradebook.db
+            write_files(self.submitted, task.submitted)
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.autograded = self.work / "autograded" / task.student / task.lesson
         self.runtime = self.folder / "runtime"
         self.runtime.mkdir()
