@@ -40,6 +40,7 @@ from .progress import Progress
 from .slurm import Slurm
 from .submission import grade_submission
 from .task import TRIES, Graded, Task
+from .workfolder import sweep
 
 __all__ = ["Workers", "Connection", "connect", "start_line", "run", "grade_on_worker", "died", "TOPIC"]
 
@@ -108,6 +109,8 @@ def connect(workers: Workers) -> Iterator[Any]:
             client.close()
         if cluster is not None and owned:
             cluster.close()
+            if workers.local:  # a run stopped by Ctrl-C leaves the folders its workers were grading in
+                sweep()
 
 
 class Connection:
