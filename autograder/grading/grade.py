@@ -287,6 +287,8 @@ def _grade_pairs(pairs: list[tuple[str, str]], record: dict[str, Any], workers: 
     print(start_line(len(tasks), workers, client, record["sandbox"]), flush=True)
     progress = Progress(len(tasks))
     left = run(client, tasks, uuid.uuid4().hex, on_final=done, on_retry=retry, progress=progress)
+    recorded = {(r["student"], r["lesson"]) for r in runs}  # a Ctrl-C just after one was merged: it is graded
+    left = [task for task in left if (task.student, task.lesson) not in recorded]
     if not workers.local:
         record["jobs"] = progress.most_threads
     return left
