@@ -266,7 +266,7 @@ def test_the_slurm_job_script_asks_for_the_resources_given():
     for directive in ("#SBATCH -p short", "#SBATCH -A cs101", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=15G",
                       "#SBATCH -t 02:30:00", "#SBATCH --qos=normal", "#SBATCH -J course-grading"):
         assert directive in lines, script
-    assert "export HELPERS_PRESTART=0" in lines, script
+    assert "export HELPERS_PRESTART=0" in lines and "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in lines
     command = next(line for line in lines if "distributed.cli.dask_worker" in line)
     assert command.startswith(sys.executable) and "--nworkers 4" in command and "--nthreads 1" in command, command
     assert "--memory-limit 3.73GiB" in command, command  # 16 GB shared by 4 workers

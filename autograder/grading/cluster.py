@@ -27,7 +27,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .submission import warm_up
 from .task import TRIES
 
-__all__ = ["WORKER_ENV", "WarmUp", "ClusterUnavailable", "configure", "check", "code_fingerprint"]
+__all__ = ["WORKER_ENV", "DASK_ENV", "WarmUp", "ClusterUnavailable", "configure", "check", "code_fingerprint"]
 
 #: Environment of every grading worker process: it starts no ranks itself (the kernel and the clean re-grade do).
 WORKER_ENV = {"HELPERS_PRESTART": "0"}
@@ -39,12 +39,33 @@ class ClusterUnavailable(RuntimeError):
     """The Dask cluster cannot be reached, has no workers, or has workers that must not grade; the message says why."""
 
 
+#: Dask settings for grading, as ``DASK_*`` environment variables (how a SLURM job's workers get them). A grading
+#: worker runs one long task at a time, mostly waiting for the kernel: Dask's own sampling (a profile of the
+#: running thread every 10 ms, an event-loop check every 20 ms, memory every 100 ms) cost a core about a tenth of
+#: its time on a 2-core machine, and told nothing here; work stealing has nothing to balance.
+DASK_ENV = {
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "2s",
+    "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__GIL__ENABLED": "False",
+    "DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL": "1s",
+    "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
+}
+
+
 def configure() -> None:
-    """The scheduler lets a submission's task run again after its worker died, up to :data:`TRIES` times and once
-    more (the course's own count refuses that last run with the reason); Dask's own log stays quiet."""
+    """Dask's settings for grading in this process, and in the workers it starts (:data:`DASK_ENV`).
+
+    The scheduler lets a submission's task run again after its worker died, up to :data:`TRIES` times and
+    once more (the course's own count refuses that last run with the reason); Dask's own log stays quiet.
+    """
     import dask
 
-    dask.config.set({"distributed.scheduler.allowed-failures": TRIES})
+    settings = {"distributed.scheduler.allowed-failures": TRIES}
+    for name, value in DASK_ENV.items():
+        key = "distributed." + name.removeprefix("DASK_DISTRIBUTED__").lower().replace("__", ".").replace("_", "-")
+        settings[key] = {"False": False, "True": True}.get(value, value)
+    dask.config.set(settings)
     logging.getLogger("distributed").setLevel(logging.ERROR)
 
 
