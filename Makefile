@@ -77,32 +77,22 @@ test-compat:
 	@$(COMPAT_VENV)/bin/python -c 'import sys, torch, numpy; print(f"test-compat in $(COMPAT_VENV): python {sys.version.split()[0]}, torch {torch.__version__}, numpy {numpy.__version__}")'
 	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
+# Benchmarks, each a script in bench/ (bench/README.md: what they measure, targets, figures):
+#   bench          launching ranks: cold and warm launch against mp.spawn and torchrun (launch_bench.py)
+#   bench-cluster  round trip of one request to running ranks: an empty %%distributed cell, Cluster.run
+#   bench-trace    what tracing and hang diagnosis cost on the reference ring all-reduce at 1 MB
+#   bench-ddp      lesson 06: time per training step, averaging after backward against MiniDDP and DDP
+#   bench-ring     lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB
+#   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
+#   bench-grading  seconds to autograde one learner's submission of each lesson
+# bench-NAME runs bench/NAME_bench.py.
+BENCHES := bench-cluster bench-trace bench-ddp bench-ring bench-class bench-grading
+
 bench: venv
 	$(VENV_PY) bench/launch_bench.py
 
-# Round trip of one request to running ranks: an empty %%distributed cell, Cluster.run.
-bench-cluster: venv
-	$(VENV_PY) bench/cluster_bench.py
-
-# What tracing and hang diagnosis cost on the reference ring all-reduce at 1 MB.
-bench-trace: venv
-	$(VENV_PY) bench/trace_bench.py
-
-# Lesson 06: time per training step, averaging after backward against MiniDDP and DDP.
-bench-ddp: venv
-	$(VENV_PY) bench/ddp_bench.py
-
-# Lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB.
-bench-ring: venv
-	$(VENV_PY) bench/ring_bench.py
-
-# A class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores.
-bench-class: venv
-	$(VENV_PY) bench/class_bench.py
-
-# Seconds to autograde one learner's submission of each lesson.
-bench-grading: venv
-	$(VENV_PY) bench/grading_bench.py
+$(BENCHES): bench-%: venv
+	$(VENV_PY) bench/$*_bench.py
 
 # Instructor: regenerate the learner notebooks in course/ from solutions/.
 course: venv

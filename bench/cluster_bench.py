@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import queue
 import sys
 import time
 from pathlib import Path
 
-from _common import loadavg, machine, stats
+from _common import loadavg, machine, parse_args, save_json, say, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # use this checkout's helpers, however the venv installed it
@@ -66,9 +65,8 @@ def trivial(rank: int, world_size: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
-
-
 def timed(fn, repeats: int, warmup: int) -> dict:
+    """Stats of ``repeats`` timed calls of ``fn``, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     samples = []
@@ -77,14 +75,6 @@ def timed(fn, repeats: int, warmup: int) -> dict:
         fn()
         samples.append(time.perf_counter() - start)
     return stats(samples)
-
-
-
-
-
-
-def say(text: str = "") -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -280,13 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--warmup", type=int, default=WARMUP, help=f"untimed rounds before each measurement (default {WARMUP})")
     parser.add_argument("--no-kernel", action="store_true", help="skip the measurement through a real kernel")
-    parser.add_argument("--json", metavar="PATH", help="also write all numbers as JSON to PATH")
-    args = parser.parse_args(argv)
-    for name in ("repeats", "launch_repeats", "world_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be 1 or more")
-    if args.warmup < 0:
-        parser.error("--warmup must be 0 or more")
+    args = parse_args(parser, argv, [("repeats", 1), ("launch_repeats", 1), ("world_size", 1), ("warmup", 0)])
 
     data: dict = {
         "machine": machine(),
@@ -310,10 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     data["passed"] = all(t["passed"] for t in data["targets"])
     print(render(data), flush=True)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        say(f"wrote {path}")
+        say(f"wrote {save_json(args.json, data)}")
     return 0
 
 

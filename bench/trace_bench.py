@@ -30,7 +30,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "autograder"))
 
 from _common import machine_line  # noqa: E402
 
@@ -45,7 +44,7 @@ def _time_modes(rank, world_size, nbytes, repeats, seed):
 
     import torch
     import torch.distributed as dist
-    from reference import ring_allreduce
+    from autograder.lessons.reference import ring_allreduce
 
     from helpers._runtime.instrument import current
 
@@ -80,9 +79,9 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     """Seconds each wrapper adds to one call, measured around a no-op function."""
     import time
 
-    from helpers._runtime.instrument import Instrument
-
     from helpers._runtime.board import Board
+    from helpers._runtime.instrument import Instrument
+    from helpers._runtime.wrapper import wrap
 
     board = Board.create(1)
     inst = Instrument(0, board, 1)
@@ -93,7 +92,7 @@ def wrapper_cost(calls: int = 200_000) -> dict[str, float]:
     import torch
 
     t = torch.ones(16)
-    wrapped = inst._wrap("send", noop)
+    wrapped = wrap(inst, "send", noop)
     out = {}
     for mode, fn, tracing in (("bare", noop, False), ("board", wrapped, False), ("traced", wrapped, True)):
         inst.tracing = tracing

@@ -14,9 +14,8 @@ folders.
 - ``submission(release, target, answers, drop, edit)`` writes a learner's notebook from a
   released one, with chosen exercise cells filled in, cells deleted or cells edited.
 - ``hand_in(root, submissions, lesson, answers)`` writes one notebook per learner, and
-  ``layout(lesson, number)`` names an exercise's graded cells and points;
-  ``grade_class(folder, lesson, number, answers)`` does all of that for one lesson and
-  grades the learners together as an instructor would.
+  ``layout(lesson)`` names its exercises' graded cells and points (tests/conftest.py's
+  ``graded_class`` grades a session's learners together, as an instructor would).
 - ``scores(root, lesson, cells, student)`` and ``feedback(root, lesson, student)`` read back
   what grading gave a learner: points per part from the gradebook, and the HTML feedback.
 - ``RING_ANSWERS``: answers to Exercise 4.4 that learners really hand in, each wrong in its
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from autograder.course.build import ROOT, tool_env
 
-__all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "grade_class", "scores", "feedback",
+__all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
 
 #: Exercise 4.4 (``ring_allreduce``) as learners get it wrong, by kind.
@@ -156,8 +155,6 @@ def run_instructor_command(root: Path, *args: str, timeout: float = 1800) -> sub
     )
 
 
-
-
 def hand_in(root: Path, submissions: Path, lesson: str, answers: dict[str, dict[str, str] | None]) -> None:
     """Write one notebook of ``lesson`` per learner into ``submissions``, from the course copy at ``root``.
 
@@ -173,34 +170,27 @@ def hand_in(root: Path, submissions: Path, lesson: str, answers: dict[str, dict[
         submission(release, target, cells_of)
 
 
-def layout(lesson: str, number: str) -> tuple[dict[str, str], dict[str, float]]:
-    """Exercise ``number``'s graded cells: grade_id -> part name, and part name -> points, ready for :func:`scores`.
+def layout(lesson: str, *numbers: str) -> tuple[dict[str, str], dict[str, float]]:
+    """The graded cells of exercises ``numbers`` of ``lesson`` (all of its exercises when none
+    is given): grade_id -> part name, and part name -> points, ready for :func:`scores`.
 
-    Raises AssertionError when the notebook's graded cells and the declared parts disagree.
+    A part is named as its exercise declares it (``"broadcast"``); where the lesson has more
+    than one exercise, after its exercise's number (``"5.1/correct"``). Raises AssertionError
+    when the notebook's graded cells and the declared parts disagree.
     """
-    from autograder import exercise
-    from autograder.course.cells import graded_cells
+    from autograder import exercise, exercises
+    from autograder.course.cells import graded_cells, lesson_number
 
-    cells = {c.grade_id: c.part for c in graded_cells(ROOT / "solutions" / lesson / f"{lesson}.ipynb")
-             if c.number == number}
-    points = {part.name: part.points for part in exercise(number).parts}
+    notebook = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
+    numbers = numbers or tuple(ex.number for ex in exercises(lesson_number(notebook)))
+
+    def name(number: str, part: str) -> str:
+        return part if len(numbers) == 1 else f"{number}/{part}"
+
+    cells = {c.grade_id: name(c.number, c.part) for c in graded_cells(notebook) if c.number in numbers}
+    points = {name(number, part.name): part.points for number in numbers for part in exercise(number).parts}
     assert set(cells.values()) == set(points), cells
     return cells, points
-
-
-def grade_class(folder: Path, lesson: str, number: str,
-                answers: dict[str, dict[str, str] | None]) -> tuple[Path, dict[str, str], dict[str, float]]:
-    """Hand in ``lesson`` for every learner and grade them all (``python -m autograder grade``).
-
-    Returns the course copy's root, each graded cell's grade_id -> its part of Exercise
-    ``number``, and each part -> its points, ready for :func:`scores`. Raises AssertionError
-    when grading fails or the cells and the declared parts disagree.
-    """
-    root = course_copy(folder / "course", lessons=[lesson])
-    hand_in(root, folder / "submissions", lesson, answers)
-    done = run_instructor_command(root, "grade", str(folder / "submissions"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return (root, *layout(lesson, number))
 
 
 def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict[str, float]:

@@ -30,9 +30,11 @@ from ._runtime.factory import get_factory as _get_factory
 from ._runtime.factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
-from .cluster import Cluster, ClusterError
+from . import errors as _errors
+from .cluster import Cluster
 from .errors import (
     BackendUnavailableError,
+    ClusterError,
     DeadlockError,
     ForbiddenCallError,
     Interrupted,
@@ -47,20 +49,13 @@ from ._runtime.calls import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POI
 __all__ = [
     "launch",
     "LaunchResult",
-    "LaunchError",
-    "RankFailedError",
-    "LaunchTimeoutError",
-    "DeadlockError",
-    "BackendUnavailableError",
-    "ForbiddenCallError",
-    "Interrupted",
+    *_errors.__all__,  # every exception the helpers raise (ClusterError among them)
     "COLLECTIVES",
     "DATA_COLLECTIVES",
     "POINT_TO_POINT",
     "DDP",
     "COURSE_RING",
     "Cluster",
-    "ClusterError",
     "load_ipython_extension",
     "unload_ipython_extension",
     "machine_info",

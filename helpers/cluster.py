@@ -23,27 +23,26 @@ waiting for the timeout (:class:`~helpers.DeadlockError`, see :mod:`helpers._run
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any, Callable, Sequence
 
 from ._runtime.cells import cache_source
 from ._runtime.factory import get_factory
 from ._runtime.group import RankGroup
+from ._runtime.kept import ask
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
-from ._runtime.report import Outcome, group_stopped_error, interrupted_cell, kept_ranks_error
+from ._runtime.report import Outcome, group_stopped_error, unusable_rank_error
 from .backend import Choice, resolve_backend
-from .errors import LaunchError, signal_name
+from .errors import ClusterError
 from .launcher import serialize, serialize_call, trace_of
-from .output import OutputRouter, OutputSpec
-from .settings import Forbid, LaunchSettings, forbid_reasons, validate_world
+from .settings import Forbid, LaunchSettings, takes_settings
 from .trace import Trace
-from .view import RankOutputView, ViewRouter, choose_view
+from .view import RequestOutput
 
-__all__ = ["Cluster", "ClusterError", "Results"]
+__all__ = ["Cluster", "ClusterError", "Results", "DEFAULT_WORLD_SIZE"]
 
-_AFTER_FAILURE = 2.0  # seconds the other ranks get to finish after one failed
-_INTERRUPT_WAIT = 1.5
+#: How many ranks ``Cluster()`` and the magics start when not told.
+DEFAULT_WORLD_SIZE = 2
 
 
 class Results(list):
@@ -52,54 +51,31 @@ class Results(list):
     trace: Trace | None = None
 
 
-class ClusterError(LaunchError):
-    """The cluster cannot take this request (not started, a rank dead or still busy)."""
-
-
+@takes_settings("cluster")
 class Cluster:
     """``world_size`` background ranks that run code on request and keep their state.
 
-    Parameters are those of :func:`helpers.launch`; ``timeout`` is the default for each
-    request (60 s, or 10 s while nbgrader grades); ``forbid`` switches calls off on the
-    ranks for their whole life; ``after_failure`` is how long the other ranks get to finish
-    a request once one rank failed (2 s: their variables are kept). ``view`` is ``"auto"``, ``"widgets"`` or ``"text"`` (see :mod:`helpers.view`).
+    Parameters
+    ----------
+    world_size:
+        How many ranks to start (2 when not given).
+    start:
+        Start the ranks now (else on :meth:`start`, or ``with Cluster(...)``).
+    {settings}
+
+    Every setting is also an attribute (``cluster.timeout``), from ``cluster.settings``
+    (:class:`~helpers.settings.LaunchSettings`). ``timeout`` is the default for each request;
+    ``forbid`` switches calls off on the ranks for their whole life (:meth:`run` takes its
+    own for one call).
     """
 
-    def __init__(
-        self,
-        world_size: int = 2,
-        *,
-        backend: str = "auto",
-        nnodes: int = 1,
-        timeout: float | None = None,
-        output: OutputSpec = "live",
-        max_lines: int = 1000,
-        view: str = "auto",
-        start: bool = True,
-        forbid: Forbid = (),
-        after_failure: float = _AFTER_FAILURE,
-    ) -> None:
-        self.settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, output=output,
-                                       max_lines=max_lines, forbid=forbid)
-        if isinstance(after_failure, bool) or not isinstance(after_failure, (int, float)) or after_failure < 0:
-            raise ValueError(f"after_failure must be seconds, 0 or more; got {after_failure!r}.")
-        self.after_failure = float(after_failure)
-        if view not in ("auto", "widgets", "text"):
-            raise ValueError(f"view={view!r} is not understood; pass 'auto', 'widgets' or 'text'.")
-        self.view = view
+    def __init__(self, world_size: int = DEFAULT_WORLD_SIZE, *, start: bool = True, **settings: Any) -> None:
+        self.settings = LaunchSettings.of(world_size, "cluster", **settings)
+        self._output = RequestOutput(self.view, self.output, self.max_lines, self.world_size)
         self.choice: Choice | None = None
         self._group: RankGroup | None = None
         if start:
             self.start()
-
-    # The settings the ranks were started with (see helpers.settings.LaunchSettings).
-    world_size = property(lambda self: self.settings.world_size)
-    backend = property(lambda self: self.settings.backend)
-    nnodes = property(lambda self: self.settings.nnodes)
-    timeout = property(lambda self: self.settings.timeout)
-    output = property(lambda self: self.settings.output)
-    max_lines = property(lambda self: self.settings.max_lines)
-    forbid = property(lambda self: self.settings.forbid)
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -112,7 +88,7 @@ class Cluster:
             return self
         factory = get_factory()
         self.choice = resolve_backend(self.backend, self.world_size, factory.info)
-        router = self._router()
+        router = self._output.router()
         group = RankGroup(factory, self.settings, init_backend=self.choice.init_backend, router=router,
                           devices=list(self.choice.devices) if self.choice.devices else None)
         self._group = group
@@ -209,7 +185,7 @@ class Cluster:
         if not callable(fn):
             raise TypeError(f"run() needs a function; got {type(fn).__name__} {fn!r}.")
         targets = self._targets(ranks)
-        refused = forbid_reasons(forbid) if forbid is not None else None
+        refused = LaunchSettings.checked("forbid", forbid) if forbid is not None else None
         outcome = self._request(Call(0, serialize_call(fn, args, kwargs), trace, refused), targets, timeout)
         return self._results(outcome, targets, trace)
 
@@ -218,7 +194,7 @@ class Cluster:
         for r in targets:
             reply = outcome.replies[r]
             if display and reply.text is not None:
-                self._last_router.note(f"[rank {r}] Out: {reply.text}")
+                self._output.last.note(f"[rank {r}] Out: {reply.text}")
             out.append(reply.value())
         if trace:
             out.trace = trace_of(self.world_size, outcome)
@@ -298,20 +274,6 @@ class Cluster:
                 out.append(r)
         return out
 
-    def _router(self, ranks: list[int] | None = None) -> OutputRouter:
-        previous = getattr(self, "_view", None)
-        if previous is not None:
-            previous.close_if_unused()  # a request that printed nothing leaves no widgets behind
-            self._view = None
-        view = self.view if self.view != "auto" else choose_view()
-        if view == "widgets" and self.output == "live":
-            self._view = RankOutputView(self.world_size, ranks)
-            router = ViewRouter(self._view.write, max_lines=self.max_lines)
-        else:
-            router = OutputRouter(self.output, max_lines=self.max_lines)
-        self._last_router = router
-        return router
-
     def _usable_group(self, targets: list[int]) -> RankGroup:
         """The running group, once every targeted rank can take a request; else why not."""
         group = self._group
@@ -320,73 +282,28 @@ class Cluster:
         group.poll(0)  # collect anything that happened since the last request
         group.take_events()
         for r in targets:
-            state = group.ranks[r]
-            if state.state == "exited":
-                how = (
-                    f"was killed by {signal_name(state.exitcode)}"
-                    if state.exitcode is not None and state.exitcode < 0
-                    else f"exited with code {state.exitcode}"
-                )
-                raise ClusterError(
-                    f"rank {r} {how} earlier, so the process group is broken. Run %dist_restart "
-                    "(or cluster.restart()) for a fresh group; variables on the ranks are lost."
-                )
-            if state.state == "busy":
-                raise ClusterError(
-                    f"rank {r} is still busy with an earlier request (probably blocked in a "
-                    "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
-                    "for a fresh group, or target other ranks with --ranks."
-                )
+            error = unusable_rank_error(r, group.ranks[r].state, group.ranks[r].exitcode)
+            if error is not None:
+                raise error
         return group
 
     def _request(self, request: Request, targets: list[int], timeout: float | None) -> Outcome:
-        timeout = self.timeout if timeout is None else float(timeout)
-        validate_world(self.world_size, self.nnodes, timeout)
+        """Ask the targeted ranks (see :func:`helpers._runtime.kept.ask`: a failure interrupts
+        the ranks still running and raises); their output goes to a new router."""
+        timeout = self.timeout if timeout is None else LaunchSettings.checked("timeout", timeout)
         group = self._usable_group(targets)
         group.router.flush()
-        group.router = self._router(targets)
-        try:
-            outcome = group.request(request, targets, timeout, fail_fast=False, after_failure=self.after_failure)
-        except KeyboardInterrupt:
-            busy = [r for r in targets if group.ranks[r].state == "busy"]
-            stuck = self._interrupt(busy)
-            raise interrupted_cell(busy, stuck) from None
-        finally:
-            group.router.flush()
-        if not outcome.ok:
-            raise self._error(outcome, request, timeout)
-        return outcome
+        group.router = self._output.router(targets)
+        return ask(group, request, targets, timeout, after_failure=self.after_failure)
 
-    def _interrupt(self, busy: list[int], announce: bool = True) -> list[int]:
-        """Send SIGINT to busy ranks; returns those still busy after a short wait."""
-        group = self._group
-        if not busy:
-            return []
-        group.signal(signal.SIGINT, busy)
-        deadline = time.monotonic() + _INTERRUPT_WAIT
-        while time.monotonic() < deadline and any(group.ranks[r].state == "busy" for r in busy):
-            try:
-                group.poll(0.05)
-            except KeyboardInterrupt:
-                break
-        group.take_events()
-        stuck = [r for r in busy if group.ranks[r].state == "busy"]
-        if stuck and announce:
-            group.router.note(
-                f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not stop: "
-                "blocked inside a communication call, which cannot be interrupted. Run "
-                "%dist_restart (or cluster.restart()) for a fresh group."
-            )
-        return stuck
 
-    def _error(self, outcome: Outcome, request: Request, timeout: float) -> LaunchError:
-        """Interrupt the ranks still running, then the error for the request, saying what
-        state the group is left in.
+def _setting_property(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=LaunchSettings.help(name))
 
-        Deadlocked ranks (``outcome.deadlock``) are blocked inside gloo, where an interrupt
-        cannot reach them: they are not tried, and the error says to restart.
-        """
-        deadlocked = list(outcome.deadlock.ranks) if outcome.deadlock is not None else []
-        stuck = self._interrupt([r for r in outcome.pending if r not in deadlocked], announce=False)
-        what = "The cell" if isinstance(request, Exec) else "The call"
-        return kept_ranks_error(outcome, self.world_size, timeout, deadlocked=deadlocked, stuck=stuck, what=what)
+
+# Each setting the ranks were started with is an attribute: cluster.world_size, cluster.timeout, ...
+for _name in LaunchSettings.names("cluster"):
+    if _name in vars(Cluster):
+        raise TypeError(f"the setting {_name!r} would hide Cluster.{_name}; give the setting another name")
+    setattr(Cluster, _name, _setting_property(_name))
+del _name

@@ -19,8 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import re
-import signal
 from typing import Any
 
 __all__ = [
@@ -29,44 +27,10 @@ __all__ = [
     "LaunchTimeoutError",
     "DeadlockError",
     "BackendUnavailableError",
+    "ClusterError",
     "ForbiddenCallError",
     "Interrupted",
-    "cell_label",
 ]
-
-
-def cell_label(filename: str) -> str:
-    """``Cell In[7]`` for code typed in a notebook cell, else the file name unchanged."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        number = shell.compile._filename_map.get(filename) if shell is not None else None
-    except Exception:  # noqa: BLE001 - IPython missing or a different compiler
-        number = None
-    if number is not None:
-        return f"Cell In[{number}]"
-    if re.search(r"ipykernel_\d+[/\\]\d+\.py$", filename) or filename.startswith("<ipython-input"):
-        return "a notebook cell"
-    return filename
-
-
-def relabel_traceback(text: str) -> str:
-    """Replace notebook cells' temporary file names in a traceback by ``Cell In[N]``."""
-    return re.sub(
-        r'File "([^"]+)", line',
-        lambda m: f"{cell_label(m.group(1))}, line"
-        if cell_label(m.group(1)) != m.group(1)
-        else m.group(0),
-        text,
-    )
-
-
-def signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 class LaunchError(RuntimeError):
@@ -135,6 +99,10 @@ class BackendUnavailableError(LaunchError, ValueError):
     """The requested backend cannot run here (for example nccl without enough GPUs)."""
 
 
+class ClusterError(LaunchError):
+    """The cluster cannot take this request (not started, a rank dead or still busy)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """The stop button (or Ctrl-C) ended a launch, a cell on persistent ranks, or a command.
 
@@ -161,15 +129,27 @@ class ForbiddenCallError(RuntimeError):
     Exercises that ask for a hand-made collective run with the built-in ones switched
     off (``launch(..., forbid=...)``). ``call`` names what was called (for example
     ``"torch.distributed.all_reduce"`` or ``"ProcessGroup.allreduce"``), ``reason`` is the
-    sentence the launch gave for switching it off. It travels home pickled, so the
-    notebook side can test ``isinstance(err.original, ForbiddenCallError)`` on a
-    :class:`RankFailedError`.
+    sentence the launch gave for switching it off, ``name`` the entry of ``forbid`` that
+    switched it off (``"all_reduce"`` for both of those calls), and ``family`` what kind of
+    call that entry is: ``"collective"``, ``"point_to_point"``, ``"ddp"``
+    (``DistributedDataParallel``) or ``"course_ring"`` (``helpers.ring``); see
+    :func:`helpers._runtime.calls.family_of`. Decide on ``family`` and ``name``, never on
+    the text. It travels home pickled, so the notebook side can test
+    ``isinstance(err.original, ForbiddenCallError)`` on a :class:`RankFailedError`.
+
+    >>> import pickle
+    >>> err = ForbiddenCallError("ProcessGroup.allreduce", "build it from send and recv", "collective", "all_reduce")
+    >>> copy = pickle.loads(pickle.dumps(err))
+    >>> copy.family, copy.name, str(copy)
+    ('collective', 'all_reduce', 'ProcessGroup.allreduce is switched off here: build it from send and recv')
     """
 
-    def __init__(self, call: str, reason: str) -> None:
+    def __init__(self, call: str, reason: str, family: str | None = None, name: str | None = None) -> None:
         super().__init__(f"{call} is switched off here: {reason}")
         self.call = call
         self.reason = reason
+        self.family = family
+        self.name = name
 
     def __reduce__(self):
-        return (type(self), (self.call, self.reason))
+        return (type(self), (self.call, self.reason, self.family, self.name))

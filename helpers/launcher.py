@@ -30,8 +30,8 @@ from ._runtime.protocol import Call, Request
 from ._runtime.report import Outcome, group_stopped_error, interrupted_launch, stopped_ranks
 from .backend import resolve_backend
 from .errors import LaunchError
-from .output import OutputRouter, OutputSpec
-from .settings import Forbid, LaunchSettings
+from .output import OutputRouter
+from .settings import LaunchSettings, takes_settings
 from .trace import Trace
 
 __all__ = ["launch", "run_settings", "LaunchResult", "serialize", "serialize_call"]
@@ -131,20 +131,14 @@ def announce(router: OutputRouter, text: str) -> None:
         _last_announcement = text
 
 
+@takes_settings("launch")
 def launch(
     fn: Callable[..., Any],
     world_size: int,
     args: Sequence[Any] = (),
     *,
-    backend: str = "auto",
-    nnodes: int = 1,
-    timeout: float | None = None,
-    init: bool = True,
-    output: OutputSpec = "live",
-    max_lines: int = 1000,
     kwargs: dict[str, Any] | None = None,
-    trace: bool = False,
-    forbid: Forbid = (),
+    **settings: Any,
 ) -> LaunchResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
 
@@ -156,33 +150,9 @@ def launch(
         How many ranks (processes) to start.
     args, kwargs:
         Extra positional and keyword arguments for ``fn``, the same for every rank.
-    backend:
-        ``"auto"`` (nccl with one GPU per rank, CPU tensors through gloo; else gloo), ``"gloo"``,
-        ``"nccl"`` (CUDA tensors only) or ``"mpi"``.
-    nnodes:
-        Simulate this many hosts of ``world_size // nnodes`` ranks each, so ``LOCAL_RANK``
-        and ``GROUP_RANK`` differ from ``RANK`` the way they do on a cluster.
-    timeout:
-        Seconds the ranks may run. After that, every rank's stack is shown, the ranks are
-        stopped, and :class:`~helpers.LaunchTimeoutError` is raised. By default 60 s, or
-        10 s while nbgrader grades the notebook (``NBGRADER_EXECUTION`` is set), so that a
-        learner's deadlock costs seconds, not the class's grading time.
-    init:
-        With ``True`` the default process group is ready when ``fn`` starts and destroyed
-        after it returns. With ``False`` ``fn`` calls ``init_process_group`` itself;
-        ``MASTER_ADDR`` and ``MASTER_PORT`` point at a free port.
-    output:
-        Where the ranks' printed output goes; see :mod:`helpers.output`.
-    max_lines:
-        At most this many lines per rank are shown.
-    trace:
-        Record every torch.distributed call on every rank; the result's ``.trace`` is a
-        :class:`~helpers.trace.Trace`.
-    forbid:
-        Calls to switch off on the ranks: names from :data:`helpers.COLLECTIVES` (also
-        switched off on the process-group object), :data:`helpers.POINT_TO_POINT`, or
-        :data:`helpers.DDP`; as a list, or a dict mapping each name to the reason the
-        learner reads. Calling one raises :class:`~helpers.ForbiddenCallError` there.
+    {settings}
+
+    The settings are those of :class:`~helpers.settings.LaunchSettings` that a launch takes.
 
     Returns
     -------
@@ -196,14 +166,13 @@ def launch(
     LaunchTimeoutError
         The ranks were still running after ``timeout`` seconds.
     BackendUnavailableError, ValueError
-        Bad arguments, raised before any rank starts.
+        Bad arguments, raised before any rank starts; TypeError for a setting launch does not take.
     """
     _check_function(fn, world_size)
-    settings = LaunchSettings(world_size, backend=backend, nnodes=nnodes, timeout=timeout, init=init, output=output,
-                              max_lines=max_lines, trace=trace, forbid=forbid)
+    checked = LaunchSettings.of(world_size, "launch", **settings)
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
         raise TypeError(f"args must be a tuple of extra arguments for fn, like args=(x,); got {args!r}.")
-    return run_settings(fn, args, kwargs, settings)
+    return run_settings(fn, args, kwargs, checked)
 
 
 def run_settings(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None,

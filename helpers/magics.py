@@ -1,10 +1,14 @@
 """Notebook magics for persistent ranks: ``%load_ext helpers``, then ``%%distributed``.
 
-- ``%dist_start [-n N] [--backend auto|gloo|nccl] [--nnodes K] [--timeout S] [--view auto|widgets|text]``
-  starts N background ranks (default 2) with the default process group ready.
+- ``%dist_start [-n N] [--backend auto|gloo|nccl] [--nnodes K] [--timeout S] [--view auto|widgets|text] ...``
+  starts N background ranks (default 2) with the default process group ready. It takes
+  every setting :class:`~helpers.Cluster` takes, as ``--name`` (``--max-lines 50``,
+  ``--forbid all_reduce,broadcast``): the options are made from
+  :class:`~helpers.settings.LaunchSettings`' fields, with their help (``%dist_start?``).
 - ``%%distributed [--ranks 0,2] [--timeout S] [--trace]`` runs the cell on every rank (or
-  the listed ones); ``--trace`` stores a :class:`~helpers.trace.Trace` of the cell's
-  torch.distributed calls in the notebook variable ``dist_trace``. Each rank has its own variables, kept between cells, starting with ``rank``,
+  the listed ones), with the settings one request takes; ``--trace`` stores a
+  :class:`~helpers.trace.Trace` of the cell's torch.distributed calls in the notebook
+  variable ``dist_trace``. Each rank has its own variables, kept between cells, starting with ``rank``,
   ``world_size``, ``local_rank``, ``torch`` and ``dist``. If the cell ends with an
   expression, each rank's value is shown as ``[rank N] Out: ...``.
 - ``%dist_status`` shows each rank's state (idle, busy, dead); ``%dist_stop`` stops the
@@ -19,16 +23,17 @@ you can also use from Python (``current().pull("x")``).
 
 from __future__ import annotations
 
+from typing import Any, Callable
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .cluster import Cluster
+from .cluster import DEFAULT_WORLD_SIZE, Cluster
+from .settings import LaunchSettings, setting_arguments
 
-__all__ = ["DistributedMagics", "load_ipython_extension", "unload_ipython_extension", "current"]
+__all__ = ["DistributedMagics", "load_ipython_extension", "unload_ipython_extension", "current", "DEFAULT_WORLD_SIZE"]
 
 _cluster: Cluster | None = None
-DEFAULT_WORLD_SIZE = 2
 
 
 def current() -> Cluster | None:
@@ -45,16 +50,28 @@ def _parse_ranks(text: str | None) -> list[int] | None:
         raise ValueError(f"--ranks takes rank numbers separated by commas, like --ranks 0,2; got {text!r}.") from None
 
 
+def _settings_options(scope: str, **defaults: Any) -> Callable:
+    """Add an option for each setting ``scope`` takes (see :func:`helpers.settings.setting_arguments`)."""
+
+    def decorate(magic: Callable) -> Callable:
+        for flags, keywords in reversed(setting_arguments(scope, defaults)):
+            magic = argument(*flags, **keywords)(magic)
+        return magic
+
+    return decorate
+
+
+def _settings(args: Any, scope: str) -> dict[str, Any]:
+    """The parsed options that are settings of ``scope``, by name."""
+    return {name: getattr(args, name) for name in LaunchSettings.names(scope)}
+
+
 @magics_class
 class DistributedMagics(Magics):
     """The ``%dist_*`` line magics and the ``%%distributed`` cell magic."""
 
     @magic_arguments()
-    @argument("-n", "--world-size", type=int, default=DEFAULT_WORLD_SIZE, help="number of ranks")
-    @argument("--backend", default="auto", help="auto, gloo, nccl or mpi")
-    @argument("--nnodes", type=int, default=1, help="simulated hosts")
-    @argument("--timeout", type=float, default=None, help="seconds a cell may run (default 60; 10 while nbgrader grades)")
-    @argument("--view", default="auto", help="auto, widgets or text")
+    @_settings_options("cluster", world_size=DEFAULT_WORLD_SIZE)
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start background ranks: %dist_start -n 4 --backend gloo"""
@@ -66,13 +83,7 @@ class DistributedMagics(Magics):
                 "or %dist_stop first to change its shape."
             )
             return
-        _cluster = Cluster(
-            args.world_size,
-            backend=args.backend,
-            nnodes=args.nnodes,
-            timeout=args.timeout,
-            view=args.view,
-        )
+        _cluster = Cluster(**_settings(args, "cluster"))
 
     @line_magic
     def dist_stop(self, line: str = "") -> None:
@@ -106,11 +117,11 @@ class DistributedMagics(Magics):
 
     @magic_arguments()
     @argument("--ranks", default=None, help="comma-separated ranks to run on, e.g. 0,2")
-    @argument("--timeout", type=float, default=None, help="seconds this cell may run")
-    @argument("--trace", action="store_true", help="record every torch.distributed call into dist_trace")
+    @_settings_options("cell")  # --timeout (default: the cluster's), --trace (into dist_trace)
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
-        """Run this cell on every rank (or --ranks 0,2), each in its own namespace."""
+        """Run this cell on every rank (or --ranks 0,2), each in its own namespace; options left out
+        take the cluster's own settings."""
         global _cluster
         args = parse_argstring(self.distributed, line)
         ranks = _parse_ranks(args.ranks)
@@ -120,7 +131,7 @@ class DistributedMagics(Magics):
             _cluster = Cluster(DEFAULT_WORLD_SIZE, start=False).start(announce=False)
         # The blank first line stands for the %%distributed line: line numbers in reports
         # are then the ones the notebook shows for this cell.
-        result = _cluster.exec("\n" + cell, ranks=ranks, timeout=args.timeout, display=True, trace=args.trace)
+        result = _cluster.exec("\n" + cell, ranks=ranks, display=True, **_settings(args, "cell"))
         if args.trace:
             self.shell.user_ns["dist_trace"] = result.trace
             print(f"Traced {len(result.trace)} calls into dist_trace "

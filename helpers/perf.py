@@ -29,15 +29,28 @@ __all__ = ["AlphaBeta", "PingPong", "Sweep", "pingpong", "time_allreduce", "ring
 DEFAULT_SIZES = tuple(1 << k for k in range(10, 27, 2))  # 1 KB ... 64 MB
 
 
-def _timeout(timeout: float | None) -> float:
-    """180 s for a sweep, or launch's grading default (10 s) while nbgrader grades."""
-    import os
-
+def _launch(worker: Callable, world_size: int, args: tuple, backend: str, timeout: float | None) -> Any:
+    """Run a timing ``worker`` quietly on fresh ranks; by default for up to 180 s (launch's
+    grading default, 10 s, while nbgrader grades)."""
+    from .launcher import launch
     from .settings import default_timeout
 
-    if timeout is not None:
-        return timeout
-    return default_timeout() if os.environ.get("NBGRADER_EXECUTION") else 180.0
+    timeout = default_timeout(180.0) if timeout is None else timeout
+    return launch(worker, world_size, args, backend=backend, timeout=timeout, output="quiet")
+
+
+def _loglog(ax: Any, xlabel: str, ylabel: str, title: str) -> Any:
+    """Label, legend and grid the log-log ``ax``; returns its figure, closed so that it shows once."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.figure.tight_layout()
+    plt.close(ax.figure)
+    return ax.figure
 
 
 def ring_model(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
@@ -100,14 +113,8 @@ class PingPong:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.loglog(self.sizes, self.seconds, "o", label="measured (half round trip)")
         ax.loglog(self.sizes, [fit.alpha + n * fit.beta for n in self.sizes], "-", label=f"fit: {fit}")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("one-way time (s)")
-        ax.set_title(f"Ping-pong between two ranks{' on ' + self.backend if self.backend else ''}")
-        ax.legend(fontsize="small")
-        ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        plt.close(fig)
-        return fig
+        return _loglog(ax, "message size (bytes)", "one-way time (s)",
+                       f"Ping-pong between two ranks{' on ' + self.backend if self.backend else ''}")
 
 
 @dataclass
@@ -148,76 +155,74 @@ class Sweep:
         sizes = sorted({n for s in (self, *others) for n in s.sizes})
         model = [ring_model(n, self.world_size, fit.alpha, fit.beta) for n in sizes]
         ax.loglog(sizes, model, "k--", label="ring model 2(p-1)a + 2(p-1)/p n b")
-        ax.set_xlabel("tensor size (bytes)")
-        ax.set_ylabel("time per all-reduce (s)")
-        ax.set_title(f"All-reduce on {self.world_size} ranks against the alpha-beta model\n({fit})")
-        ax.legend(fontsize="small")
-        ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        plt.close(fig)
-        return fig
+        return _loglog(ax, "tensor size (bytes)", "time per all-reduce (s)",
+                       f"All-reduce on {self.world_size} ranks against the alpha-beta model\n({fit})")
 
 
-def _pingpong_rank(rank: int, world_size: int, sizes: list[int], repeats: int) -> list[float]:
+def _median_seconds(sizes: list[int], repeats: int, once: Callable[[Any], float]) -> list[float]:
+    """On a rank: for each size in bytes, a float32 tensor of that size and the median seconds of
+    ``once(tensor)`` over ``repeats`` tries, each after a barrier, after one more to warm up."""
     import statistics
-    import time
 
     import torch
     import torch.distributed as dist
 
     out = []
     for n in sizes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        buf = torch.ones(max(1, n // 4), dtype=torch.float32)
         times = []
         for i in range(repeats + 1):
             dist.barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            elif rank == 1:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            if i:  # the first round trip warms the connection up
-                times.append((time.perf_counter() - start) / 2)
-        out.append(statistics.median(times) if rank == 0 else 0.0)
+            seconds = once(buf)
+            if i:  # the first try warms the connection up
+                times.append(seconds)
+        out.append(statistics.median(times))
     return out
+
+
+def _pingpong_rank(rank: int, world_size: int, sizes: list[int], repeats: int) -> list[float]:
+    import time
+
+    import torch.distributed as dist
+
+    def round_trip(buf: Any) -> float:
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        return (time.perf_counter() - start) / 2
+
+    return _median_seconds(sizes, repeats, round_trip)
 
 
 def pingpong(
     sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, backend: str = "auto", timeout: float | None = None
 ) -> PingPong:
     """Time messages of each size (bytes) between two ranks; returns a :class:`PingPong`."""
-    from .launcher import launch
-
     sizes = [int(n) for n in sizes]
-    timeout = _timeout(timeout)
-    result = launch(_pingpong_rank, 2, (sizes, repeats), backend=backend, timeout=timeout, output="quiet")
+    result = _launch(_pingpong_rank, 2, (sizes, repeats), backend, timeout)
     return PingPong(sizes, result[0], result.backend)
 
 
 def _sweep_rank(rank: int, world_size: int, fn: Callable | None, sizes: list[int], repeats: int) -> list[float]:
-    import statistics
     import time
 
     import torch
     import torch.distributed as dist
 
     reduce = fn or (lambda t: dist.all_reduce(t))
-    out = []
-    for n in sizes:
-        t = torch.ones(max(1, n // 4), dtype=torch.float32)
-        times = []
-        for i in range(repeats + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            reduce(t)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank decides
-            if i:
-                times.append(elapsed.item())
-        out.append(statistics.median(times))
-    return out
+
+    def slowest(buf: Any) -> float:
+        start = time.perf_counter()
+        reduce(buf)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank decides
+        return elapsed.item()
+
+    return _median_seconds(sizes, repeats, slowest)
 
 
 def time_allreduce(
@@ -230,10 +235,7 @@ def time_allreduce(
     timeout: float | None = None,
 ) -> Sweep:
     """Median time of ``fn(tensor)`` (default: ``dist.all_reduce``) at each size in bytes."""
-    from .launcher import launch
-
     sizes = [int(n) for n in sizes]
-    timeout = _timeout(timeout)
-    result = launch(_sweep_rank, world_size, (fn, sizes, repeats), backend=backend, timeout=timeout, output="quiet")
+    result = _launch(_sweep_rank, world_size, (fn, sizes, repeats), backend, timeout)
     name = label or (getattr(fn, "__name__", "fn") if fn is not None else "dist.all_reduce")
     return Sweep(name, world_size, sizes, result[0])

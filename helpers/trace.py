@@ -3,7 +3,8 @@
 Pass ``trace=True`` to :func:`helpers.launch`, :meth:`helpers.Cluster.run` or
 ``%%distributed --trace`` and the result carries a :class:`Trace`: every point-to-point
 and collective call each rank made, with its peer, size and timing. From it you can
-count messages and bytes, build the matrix of bytes between ranks, and draw pictures.
+count messages and bytes, build the matrix of bytes between ranks, and draw pictures
+(the drawing itself is :mod:`helpers.trace_plots`).
 
 Example::
 
@@ -32,22 +33,13 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from . import trace_plots as plots
 from ._runtime.protocol import TraceEvent
 
 __all__ = ["Event", "Trace", "RING_PHASES"]
 
 #: The two phases of a ring all-reduce, in the order it runs them.
 RING_PHASES = ("reduce-scatter", "all-gather")
-_COLORS = {
-    "send": "#1f77b4",
-    "isend": "#6baed6",
-    "recv": "#ff7f0e",
-    "irecv": "#fdae6b",
-    "all_reduce": "#2ca02c",
-    "broadcast": "#9467bd",
-    "barrier": "#7f7f7f",
-}
-
 #: One torch.distributed call on one rank (the record the ranks send home).
 Event = TraceEvent
 
@@ -145,7 +137,7 @@ class Trace:
         total = sum(r["sent_bytes"] for r in s.values())
         return (
             f"<Trace of {self.world_size} ranks: {len(self.events)} calls, {sent} point-to-point "
-            f"messages, {_human(total)} sent>"
+            f"messages, {plots.human_bytes(total)} sent>"
         )
 
     def table(self) -> str:
@@ -212,143 +204,27 @@ class Trace:
             out.append({"step": k, "phase": phase, "sends": moves, "holdings": holdings, "assumed_chunks": assumed})
         return out
 
-    # -- pictures ---------------------------------------------------------------------
+    # -- pictures (drawn by helpers.trace_plots) -----------------------------------------
 
-    def plot_timeline(self, ax: Any = None, arrows: bool = True, title: str | None = None):
+    def plot_timeline(self, ax: Any = None, arrows: bool = True, title: str | None = None) -> Any:
         """One lane per rank, a bar per call, an arrow per message from sender to receiver.
 
         Returns the matplotlib Figure; as a cell's last expression Jupyter shows it (end
         the line with ``;`` and it is not shown). Pass ``ax`` to draw on your own axes.
         """
-        from matplotlib.patches import Patch
+        return plots.plot_timeline(self.events, self.world_size, self.matched_messages() if arrows else (), ax, title)
 
-        fig, ax = _figure(ax, (10, 1.0 + 0.6 * self.world_size))
-        seen = {}
-        for e in self.events:
-            color = _COLORS.get(e.op, "#8c564b" if not e.is_p2p else "#bcbd22")
-            width = max(e.end - e.start, 1e-6)
-            ax.barh(e.rank, width, left=e.start, height=0.5, color=color, edgecolor="black", linewidth=0.3)
-            if e.async_op and e.waited is not None and e.waited > e.end:
-                ax.barh(e.rank, e.waited - e.end, left=e.end, height=0.2, color=color, alpha=0.4)
-            seen.setdefault(e.op, color)
-        n_arrows = 0
-        if arrows:
-            for send, recv in self.matched_messages():
-                if recv is None:
-                    continue
-                ax.annotate(
-                    "",
-                    xy=(recv.done, recv.rank),
-                    xytext=(send.start, send.rank),
-                    arrowprops={"arrowstyle": "->", "color": "black", "alpha": 0.6, "lw": 0.8},
-                )
-                n_arrows += 1
-        ax.set_yticks(range(self.world_size))
-        ax.set_yticklabels([f"rank {r}" for r in range(self.world_size)])
-        ax.set_ylim(self.world_size - 0.5, -0.5)
-        ax.set_xlabel("time since the first call (s)")
-        ax.set_ylabel("rank")
-        ax.set_title(title or f"Timeline of {len(self.events)} calls on {self.world_size} ranks")
-        if seen:
-            handles = [Patch(color=c, label=op) for op, c in seen.items()]
-            if n_arrows:
-                from matplotlib.lines import Line2D
-
-                handles.append(Line2D([0], [0], color="black", lw=0.8, label="message"))
-            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        fig.n_arrows = n_arrows
-        return _done(fig)
-
-    def plot_links(self, ax: Any = None, title: str | None = None):
+    def plot_links(self, ax: Any = None, title: str | None = None) -> Any:
         """Heatmap of bytes sent from each rank (rows) to each rank (columns)."""
+        return plots.plot_links(self.link_matrix(), ax, title)
 
-        m = self.link_matrix()
-        fig, ax = _figure(ax, (1.6 + 0.9 * self.world_size, 1.2 + 0.8 * self.world_size))
-        image = ax.imshow(m, cmap="Blues")
-        peak = max((v for row in m for v in row), default=0)
-        for i, row in enumerate(m):
-            for j, v in enumerate(row):
-                ax.text(j, i, _human(v), ha="center", va="center", fontsize="small", color="white" if peak and v > peak / 2 else "black")
-        ax.set_xticks(range(self.world_size))
-        ax.set_yticks(range(self.world_size))
-        ax.set_xlabel("to rank")
-        ax.set_ylabel("from rank")
-        ax.set_title(title or "Bytes sent point-to-point")
-        fig.colorbar(image, ax=ax, label="bytes")
-        fig.tight_layout()
-        return _done(fig)
-
-    def plot_ring_steps(self, interactive: bool | None = None, phases: tuple[str, ...] = RING_PHASES):
+    def plot_ring_steps(self, interactive: bool | None = None, phases: tuple[str, ...] = RING_PHASES) -> Any:
         """A ring all-reduce (or one phase of it, see ``ring_steps``), step by step: which chunk each rank holds and sends.
 
         In a notebook with widgets this returns a slider over the steps; elsewhere (or with
         ``interactive=False``) a Figure with one panel per step.
         """
-        steps = self.ring_steps(phases=phases)
-        if not steps:
-            raise ValueError("this trace has no point-to-point sends, so there is no ring to show")
-        if interactive is None:
-            from .view import choose_view
-
-            interactive = choose_view() == "widgets"
-        if interactive:
-            import ipywidgets as widgets
-
-            out = widgets.Output()
-            slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, description="step")
-
-            def show(change=None):
-                import matplotlib.pyplot as plt
-                from IPython.display import display
-
-                with out:
-                    out.clear_output(wait=True)
-                    fig, ax = plt.subplots(figsize=(4.5, 3.2))
-                    self._draw_step(ax, steps[slider.value])
-                    fig.tight_layout()
-                    display(fig)
-                    plt.close(fig)
-
-            slider.observe(show, names="value")
-            show()
-            return widgets.VBox([slider, out])
-        import matplotlib.pyplot as plt
-
-        cols = min(len(steps), 4)
-        rows = math.ceil(len(steps) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
-        for ax in axes.flat[len(steps):]:
-            ax.axis("off")
-        for ax, step in zip(axes.flat, steps):
-            self._draw_step(ax, step)
-        what = "all-reduce" if len(set(phases)) == 2 else phases[0]
-        fig.suptitle(f"Ring {what} on {self.world_size} ranks, step by step (number = ranks summed into the chunk)")
-        fig.tight_layout()
-        plt.close(fig)
-        return fig
-
-    def _draw_step(self, ax: Any, step: dict) -> None:
-        p = self.world_size
-        ax.imshow(step["holdings"], cmap="Greens", vmin=0, vmax=p)
-        for r in range(p):
-            for c in range(p):
-                value = step["holdings"][r][c]
-                ax.text(c, r, str(value), ha="center", va="center", fontsize="small", color="white" if value > p / 2 else "black")
-        for src, dst, chunk in step["sends"]:
-            ax.add_patch(_rect(chunk, src, "red"))
-        ax.set_xticks(range(p))
-        ax.set_yticks(range(p))
-        ax.set_xlabel("chunk")
-        ax.set_ylabel("rank")
-        ax.set_title(f"step {step['step'] + 1}: {step['phase']}\n(red = chunk sent to the next rank)", fontsize="small")
-
-
-def _rect(chunk: int, rank: int, color: str):
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((chunk - 0.5, rank - 0.5), 1, 1, fill=False, edgecolor=color, linewidth=2)
+        return plots.plot_ring_steps(self.ring_steps(phases=phases), self.world_size, tuple(phases), interactive)
 
 
 def _chunk_of(e: Event, p: int) -> int | None:
@@ -367,33 +243,3 @@ def _itemsize(dtype: str | None) -> int:
 
     value = getattr(torch, dtype or "float32", None)
     return value.itemsize if isinstance(value, torch.dtype) else 1
-
-
-def _figure(ax: Any, size: tuple[float, float]):
-    """The figure and axes to draw on: the caller's, or a new pair."""
-    import matplotlib.pyplot as plt
-
-    if ax is not None:
-        return ax.figure, ax
-    fig, ax = plt.subplots(figsize=size)
-    fig._helpers_own = True  # ours to close once drawn (see _done)
-    return fig, ax
-
-
-def _done(fig: Any) -> Any:
-    """Close a figure we created, so Jupyter shows it once (as the value the method
-    returns) rather than a second time at the end of the cell; leave the caller's alone."""
-    import matplotlib.pyplot as plt
-
-    if getattr(fig, "_helpers_own", False):
-        plt.close(fig)
-    return fig
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-

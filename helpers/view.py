@@ -8,6 +8,8 @@ output is printed as plain ``[rank N] ...`` lines instead.
 ``choose_view()`` decides: ``HELPERS_VIEW=text`` or ``HELPERS_VIEW=widgets`` forces one;
 otherwise widgets are used only inside a Jupyter kernel started by a Jupyter server for
 a notebook (it sets ``JPY_SESSION_NAME``) or on Colab, when ipywidgets is importable.
+:class:`RequestOutput` gives each request of persistent ranks its router, by the cluster's
+``view`` and ``output`` settings.
 
 Example::
 
@@ -23,7 +25,7 @@ import sys
 
 from .output import OutputRouter
 
-__all__ = ["choose_view", "RankOutputView", "ViewRouter"]
+__all__ = ["choose_view", "RankOutputView", "ViewRouter", "RequestOutput"]
 
 
 def choose_view() -> str:
@@ -99,3 +101,32 @@ class ViewRouter(OutputRouter):
             sys.stdout.flush()
         except (OSError, ValueError):
             pass
+
+
+class RequestOutput:
+    """Where the output of each request to persistent ranks goes (:class:`helpers.Cluster`).
+
+    ``view`` and ``output`` are the cluster's settings: with live output, and widgets chosen
+    (``view="widgets"``, or ``"auto"`` where :func:`choose_view` says so), a request gets a
+    new :class:`RankOutputView` and a :class:`ViewRouter` writing into it; otherwise a plain
+    :class:`~helpers.output.OutputRouter`. ``last`` is the last request's router.
+    """
+
+    def __init__(self, view: str, output: str, max_lines: int, world_size: int) -> None:
+        self.view, self.output, self.max_lines, self.world_size = view, output, max_lines, world_size
+        self.current_view: RankOutputView | None = None  # the last request's widgets, if any
+        self.last: OutputRouter | None = None
+
+    def router(self, ranks: list[int] | None = None) -> OutputRouter:
+        """The router of the next request, to ``ranks`` (a view's tabs); the last one's
+        widgets are freed when nothing was printed into them."""
+        if self.current_view is not None:
+            self.current_view.close_if_unused()  # a request that printed nothing leaves no widgets behind
+            self.current_view = None
+        view = self.view if self.view != "auto" else choose_view()
+        if view == "widgets" and self.output == "live":
+            self.current_view = RankOutputView(self.world_size, ranks)
+            self.last = ViewRouter(self.current_view.write, max_lines=self.max_lines)
+        else:
+            self.last = OutputRouter(self.output, max_lines=self.max_lines)
+        return self.last

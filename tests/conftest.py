@@ -16,6 +16,10 @@ from typing import Any, Callable
 
 import pytest
 
+# The shared checks of the grading and benchmark tests (tests/_grading.py, tests/_bench.py)
+# report their failures as pytest does a test's.
+pytest.register_assert_rewrite("_grading", "_bench")
+
 ROOT = Path(__file__).resolve().parents[1]
 # devtools/ (course copies, free ports) is imported from the repository root, not installed.
 if str(ROOT) not in sys.path:
@@ -270,22 +274,40 @@ def make_kernel():
 def graded_class(request, tmp_path_factory):
     """One `python -m autograder grade` run for every learner that this session's grading tests hand in.
 
-    Each test module that reads its grades from this run defines ``LESSONS`` (the lessons
-    it hands in) and ``hand_in(root, submissions)`` (writes its learners' notebooks, see
-    :func:`devtools.scratch.hand_in`). The modules collected in this session are asked,
-    their learners graded together in one throw-away copy of the course, and the run's
-    root folder and printed output returned: one grading run instead of one per module,
-    graded the way an instructor grades a class (two at a time). Running a single module
-    grades only its own learners.
+    Each test module that reads its grades from this run says what its learners hand in:
+    either ``HANDED_IN`` (lesson -> learner -> the exercise cells they filled in, written
+    by :func:`devtools.scratch.hand_in`), or, for hand-ins that need more (deleted or edited
+    cells), ``LESSONS`` (the lessons it hands in) and ``hand_in(root, submissions)`` (writes
+    its learners' notebooks). The modules collected in this session are asked, their
+    learners graded together in one throw-away copy of the course, and the run's root
+    folder and printed output returned: one grading run instead of one per module, graded
+    the way an instructor grades a class (two at a time). Running a single module grades
+    only its own learners.
     """
-    from devtools.scratch import course_copy, run_instructor_command
+    from devtools.scratch import course_copy, hand_in, run_instructor_command
 
-    modules = sorted({item.module for item in request.session.items if hasattr(item.module, "hand_in")},
+    modules = sorted({item.module for item in request.session.items
+                      if hasattr(item.module, "hand_in") or hasattr(item.module, "HANDED_IN")},
                      key=lambda module: module.__name__)
+    lessons = {lesson for m in modules for lesson in getattr(m, "LESSONS", ())}
+    lessons |= {lesson for m in modules for lesson in getattr(m, "HANDED_IN", {})}
     tmp = tmp_path_factory.mktemp("graded-class")
-    root = course_copy(tmp / "course", lessons=sorted({lesson for m in modules for lesson in m.LESSONS}))
+    root = course_copy(tmp / "course", lessons=sorted(lessons))
     for module in modules:
-        module.hand_in(root, tmp / "submissions")
+        if hasattr(module, "hand_in"):
+            module.hand_in(root, tmp / "submissions")
+        for lesson, answers in getattr(module, "HANDED_IN", {}).items():
+            hand_in(root, tmp / "submissions", lesson, answers)
     done = run_instructor_command(root, "grade", str(tmp / "submissions"), "--jobs", "2")
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     return root, done.stdout
+
+
+@pytest.fixture(scope="module")
+def graded_lesson(request, graded_class):
+    """The test module's one lesson of :func:`graded_class` (its ``HANDED_IN``), as a :class:`_grading.GradedLesson`."""
+    from _grading import GradedLesson
+    from devtools.scratch import layout
+
+    ((lesson, answers),) = request.module.HANDED_IN.items()
+    return GradedLesson(graded_class[0], lesson, tuple(answers), *layout(lesson))

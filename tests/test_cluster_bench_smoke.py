@@ -6,33 +6,16 @@ is judged by running the benchmark itself (``make bench-cluster``), not by a tim
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "cluster_bench.py"
+from _bench import run_bench
 
 
 def test_cluster_bench_runs_and_writes_json(tmp_path):
     """Does the benchmark run with tiny repeats (through a real kernel too), print its table and RESULT line, and write every measurement as JSON?"""
-    out = tmp_path / "cluster_bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--repeats", "3", "--launch-repeats", "1", "--world-size", "2",
-         "--warmup", "1",
-         "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "RESULT: " in proc.stdout
-    assert "(a) empty %%distributed cell, in-kernel" in proc.stdout
+    stdout, data = run_bench("cluster_bench.py", "--repeats", "3", "--launch-repeats", "1", "--world-size", "2",
+                             "--warmup", "1", json_path=tmp_path / "cluster_bench.json")
+    assert "RESULT: " in stdout
+    assert "(a) empty %%distributed cell, in-kernel" in stdout
 
-    data = json.loads(out.read_text(encoding="utf-8"))
-    assert set(data) >= {"machine", "settings", "results", "targets", "passed"}
     assert data["settings"]["world_size"] == 2
     results = data["results"]
     for key, n in [("shell_cell", 3), ("kernel_cell", 3), ("kernel_baseline", 3), ("cluster_run", 3), ("launch_warm", 1)]:

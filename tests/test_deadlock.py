@@ -21,6 +21,7 @@ from conftest import rank_children
 from helpers import Cluster, DeadlockError, LaunchTimeoutError
 from helpers._runtime.deadlock import STABLE, DeadlockWatch, stuck_ranks
 from helpers._runtime.instrument import Instrument
+from helpers._runtime.wrapper import wrap
 from helpers._runtime.board import (
     FLAG_TIMED,
     FLAG_UNSURE,
@@ -148,7 +149,7 @@ def test_docstring_examples_run():
     import doctest
     import importlib
 
-    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report"):
+    for name in ("deadlock", "protocol", "board", "calls", "callargs", "spec", "cells", "report", "wrapper"):
         module = importlib.import_module(f"helpers._runtime.{name}")
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, (module.__name__, result)
@@ -165,64 +166,62 @@ class Clock:
         return self.now
 
 
-def test_watch_reports_only_a_state_read_twice_half_a_second_apart():
+@pytest.fixture
+def two_ranks():
+    """A board of two ranks, and a clock that moves only when the test moves it."""
+    board, clock = Board.create(2), Clock()
+    yield board, clock
+    board.close()
+
+
+def test_watch_reports_only_a_state_read_twice_half_a_second_apart(two_ranks):
     """Does the watch wait for two equal reads STABLE s apart, start over when a rank moves, and say when it found it?"""
-    board, clock = Board.create(2), Clock()
-    try:
-        watch = DeadlockWatch(board, [0, 1], started=clock.now, clock=clock)
-        board.post(0, "call", "recv", peer=1)
-        board.post(1, "call", "recv", peer=0)
-        assert watch.check({0, 1}, {}) is None  # first sight
-        clock.now += STABLE / 2
-        assert watch.check({0, 1}, {}) is None  # too soon
-        board.post(1, "call", "recv", peer=0)  # rank 1 left its recv and entered another
-        clock.now += STABLE
-        assert watch.check({0, 1}, {}) is None  # a new state: seen once
-        clock.now += STABLE
-        found = watch.check({0, 1}, {})
-        assert found is not None and found.ranks == [0, 1] and found.seconds == pytest.approx(2 * STABLE + STABLE / 2)
-    finally:
-        board.close()
+    board, clock = two_ranks
+    watch = DeadlockWatch(board, [0, 1], started=clock.now, clock=clock)
+    board.post(0, "call", "recv", peer=1)
+    board.post(1, "call", "recv", peer=0)
+    assert watch.check({0, 1}, {}) is None  # first sight
+    clock.now += STABLE / 2
+    assert watch.check({0, 1}, {}) is None  # too soon
+    board.post(1, "call", "recv", peer=0)  # rank 1 left its recv and entered another
+    clock.now += STABLE
+    assert watch.check({0, 1}, {}) is None  # a new state: seen once
+    clock.now += STABLE
+    found = watch.check({0, 1}, {})
+    assert found is not None and found.ranks == [0, 1] and found.seconds == pytest.approx(2 * STABLE + STABLE / 2)
 
 
-def test_watch_counts_a_message_posted_between_reads():
+def test_watch_counts_a_message_posted_between_reads(two_ranks):
     """When a send is posted between two reads of a deadlock-looking state, is nothing reported?"""
-    board, clock = Board.create(2), Clock()
-    try:
-        watch = DeadlockWatch(board, [0, 1], started=clock.now, clock=clock)
-        board.post(0, "call", "recv", peer=1)
-        board.post(1, "wait", "irecv", peer=0)
-        assert watch.check({0, 1}, {}) is None
-        board.counter(0)[1 * 4 + SENDS_POSTED] += 1  # rank 0's thread posted an isend to rank 1
-        clock.now += STABLE
-        assert watch.check({0, 1}, {}) is None
+    board, clock = two_ranks
+    watch = DeadlockWatch(board, [0, 1], started=clock.now, clock=clock)
+    board.post(0, "call", "recv", peer=1)
+    board.post(1, "wait", "irecv", peer=0)
+    assert watch.check({0, 1}, {}) is None
+    board.counter(0)[1 * 4 + SENDS_POSTED] += 1  # rank 0's thread posted an isend to rank 1
+    for _ in range(2):
         clock.now += STABLE
         assert watch.check({0, 1}, {}) is None  # rank 1 can go on, so the cycle is broken
-    finally:
-        board.close()
 
 
-def test_watch_treats_idle_ranks_outside_the_request_as_finished_and_dead_ones_as_live():
+def test_watch_treats_idle_ranks_outside_the_request_as_finished_and_dead_ones_as_live(two_ranks):
     """On persistent ranks, is a recv from an idle rank the request did not target a deadlock, and one from a dead rank not?"""
-    board, clock = Board.create(2), Clock()
-    try:
-        board.post(0, "ready")
-        board.post(1, "call", "recv", peer=0)
-        watch = DeadlockWatch(board, [1], started=clock.now, clock=clock)
+    board, clock = two_ranks
+    board.post(0, "ready")
+    board.post(1, "call", "recv", peer=0)
+    watch = DeadlockWatch(board, [1], started=clock.now, clock=clock)
+    assert watch.check({1}, {}) is None
+    clock.now += STABLE
+    assert watch.check({1}, {}).ranks == [1]
+    watch = DeadlockWatch(board, [1], started=clock.now, clock=clock, exited=lambda r: r == 0)
+    for _ in range(3):
         assert watch.check({1}, {}) is None
         clock.now += STABLE
-        assert watch.check({1}, {}).ranks == [1]
-        watch = DeadlockWatch(board, [1], started=clock.now, clock=clock, exited=lambda r: r == 0)
-        for _ in range(3):
-            assert watch.check({1}, {}) is None
-            clock.now += STABLE
-        board.post(0, "running")  # not idle: it may send yet
-        watch = DeadlockWatch(board, [1], started=clock.now, clock=clock)
-        for _ in range(3):
-            assert watch.check({1}, {}) is None
-            clock.now += STABLE
-    finally:
-        board.close()
+    board.post(0, "running")  # not idle: it may send yet
+    watch = DeadlockWatch(board, [1], started=clock.now, clock=clock)
+    for _ in range(3):
+        assert watch.check({1}, {}) is None
+        clock.now += STABLE
 
 
 # --------------------------------------------------------------------------- the wrappers' counts
@@ -256,7 +255,7 @@ def wrapped():
             log.append((name, board.read()[0].phase, board.read_counts()))
             return FakeWork(log, board, 0) if name.startswith("i") else src
 
-        return inst._wrap(name, send if "send" in name else recv)
+        return wrap(inst, name, send if "send" in name else recv)
 
     yield {name: fake(name) for name in ("send", "recv", "isend", "irecv")}, board, inst, log
     board.close()

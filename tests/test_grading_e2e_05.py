@@ -9,17 +9,14 @@ instead of gradients, `reduce` instead of `all_reduce`, a crash on a None gradie
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from devtools import scratch
-from devtools.scratch import feedback, scores, solution_source
+from devtools.scratch import solution_source
+
+pytestmark = pytest.mark.slow  # every test reads the graded class
 
 LESSON = "05-data-parallel-sgd"
 AVERAGE, TRAIN = "ex5_1-average-gradients", "ex5_2-train"
-ROOT = Path(__file__).resolve().parent.parent
 
 FLAT_BUFFER = '''def average_gradients(model):
     # One flat buffer: one presence all-reduce, then one all-reduce for every gradient.
@@ -90,83 +87,50 @@ LEARNERS = {
     "gus": CRASHES_ON_NONE,
 }
 
-
-LESSONS = [LESSON]
-
-
-def hand_in(root: Path, submissions: Path) -> None:
-    """This module's learners, graded with the others of the session (tests/conftest.py's graded_class)."""
-    train = solution_source(LESSON, TRAIN)
-    scratch.hand_in(root, submissions, LESSON, {who: {AVERAGE: average or solution_source(LESSON, AVERAGE), TRAIN: train}
-                                                for who, average in LEARNERS.items()})
+# What each learner hands in (tests/conftest.py grades them with the session's other learners).
+HANDED_IN = {LESSON: {who: {AVERAGE: average or solution_source(LESSON, AVERAGE), TRAIN: solution_source(LESSON, TRAIN)}
+                      for who, average in LEARNERS.items()}}
 
 
-@pytest.fixture(scope="module")
-def graded(graded_class):
-    from autograder import exercise
-    from autograder.course.cells import graded_cells
-
-    cells = {c.grade_id: f"{c.number}/{c.part}" for c in graded_cells(ROOT / "solutions" / LESSON / f"{LESSON}.ipynb")}
-    points = {f"{ex.number}/{p.name}": p.points for ex in (exercise("5.1"), exercise("5.2")) for p in ex.parts}
-    assert set(cells.values()) == set(points), cells
-    return graded_class[0], cells, points
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("student", ["amy", "ben", "cid"])
-def test_correct_answers_earn_full_marks(graded, student):
+def test_correct_answers_earn_full_marks(graded_lesson, student):
     """Do the instructor's answer, a flat-buffer average and asynchronous calls waited together all earn every point?"""
-    root, cells, points = graded
-    assert scores(root, LESSON, cells, student) == points
+    assert graded_lesson.scores(student) == graded_lesson.points
 
 
-@pytest.mark.slow
-def test_forgetting_to_divide_is_named(graded):
+def test_forgetting_to_divide_is_named(graded_lesson):
     """Does an average that forgets the division lose the gradient and training parts, with feedback that says so?"""
-    root, cells, points = graded
-    got = scores(root, LESSON, cells, "dee")
-    assert got == {**points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
-    assert "Did you divide by the world size?" in feedback(root, LESSON, "dee")
+    got = graded_lesson.scores("dee")
+    assert got == {**graded_lesson.points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
+    graded_lesson.check_feedback("dee", "Did you divide by the world size?")
 
 
-@pytest.mark.slow
-def test_averaging_the_weights_is_named(graded):
+def test_averaging_the_weights_is_named(graded_lesson):
     """Does averaging the weights instead of the gradients lose every 5.1 part, with feedback naming the mistake?"""
-    root, cells, points = graded
-    got = scores(root, LESSON, cells, "eli")
+    got = graded_lesson.scores("eli")
     assert {k: v for k, v in got.items() if k.startswith("5.1")} == {
         "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0, "5.1/training": 0}
-    assert "weights were averaged instead of the gradients" in feedback(root, LESSON, "eli")
+    graded_lesson.check_feedback("eli", "weights were averaged instead of the gradients")
 
 
-@pytest.mark.slow
-def test_reduce_instead_of_all_reduce_is_named(graded):
+def test_reduce_instead_of_all_reduce_is_named(graded_lesson):
     """Does `reduce` (the sum reaches rank 0 only) lose the gradient parts, with feedback naming all_reduce?"""
-    root, cells, points = graded
-    got = scores(root, LESSON, cells, "fay")
+    got = graded_lesson.scores("fay")
     assert got["5.1/correct"] == 0 and got["5.1/training"] == 0 and got["5.2/same_steps"] == 0
-    assert got["5.1/parameters_unchanged"] == points["5.1/parameters_unchanged"]
-    assert "Use dist.all_reduce" in feedback(root, LESSON, "fay")
+    assert got["5.1/parameters_unchanged"] == graded_lesson.points["5.1/parameters_unchanged"]
+    graded_lesson.check_feedback("fay", "Use dist.all_reduce")
 
 
-@pytest.mark.slow
-def test_crash_on_a_none_gradient_costs_only_the_parts_with_frozen_parameters(graded):
+def test_crash_on_a_none_gradient_costs_only_the_parts_with_frozen_parameters(graded_lesson):
     """Does an average that crashes on a None gradient keep the plain parts and lose those with a frozen parameter?
 
     (The visible self-check, which also tries a frozen parameter, sits in a cell of its own
     and is not graded, so it costs nothing here.)"""
-    root, cells, points = graded
-    got = scores(root, LESSON, cells, "gus")
-    assert got == {**points, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0}
-    assert "grad is None when it is frozen" in feedback(root, LESSON, "gus")
+    got = graded_lesson.scores("gus")
+    assert got == {**graded_lesson.points, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0}
+    graded_lesson.check_feedback("gus", "grad is None when it is frozen")
 
 
-@pytest.mark.slow
-def test_grading_run_records_every_learner(graded):
+def test_grading_run_records_every_learner(graded_lesson):
     """Does the run record hold every learner of lesson 05, each graded without an error?"""
-    root, _, points = graded
-    record = json.loads((root / "autograder" / "grading-run.json").read_text())
-    runs = {run["student"]: run for run in record["submissions"] if run["lesson"] == LESSON}
-    assert set(runs) == set(LEARNERS)
-    assert all(run["status"] == "ok" for run in runs.values()), runs
-    assert runs["amy"]["score"] == pytest.approx(sum(points.values()))
+    graded_lesson.check_every_learner_graded()

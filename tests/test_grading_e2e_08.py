@@ -9,12 +9,9 @@ lesson's example, a gather that crashes on the rank holding no element).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from devtools import scratch
-from devtools.scratch import feedback, scores, solution_source
+from devtools.scratch import solution_source
 
 LESSON = "08-debugging-and-performance"
 ANSWER = "ex8_1-repaired"
@@ -61,17 +58,8 @@ LEARNERS = {
 }
 
 
-LESSONS = [LESSON]
-
-
-def hand_in(root, submissions):
-    """This module's learners, graded with the others of the session (tests/conftest.py's graded_class)."""
-    scratch.hand_in(root, submissions, LESSON, {who: {ANSWER: answer} if answer else None for who, answer in LEARNERS.items()})
-
-
-@pytest.fixture(scope="module")
-def graded(graded_class):
-    return (graded_class[0], *scratch.layout(LESSON, "8.1"))
+# What each learner hands in (tests/conftest.py grades them with the session's other learners).
+HANDED_IN = {LESSON: {who: {ANSWER: answer} if answer else None for who, answer in LEARNERS.items()}}
 
 
 def test_the_learner_variants_are_what_they_claim():
@@ -87,51 +75,37 @@ def test_the_learner_variants_are_what_they_claim():
 
 
 @pytest.mark.slow
-def test_the_instructors_answer_earns_full_marks(graded):
+def test_the_instructors_answer_earns_full_marks(graded_lesson):
     """Do the instructor's three repairs, handed in as a learner's, earn every point?"""
-    root, cells, points = graded
-    assert scores(root, LESSON, cells, "amy") == points
+    assert graded_lesson.scores("amy") == graded_lesson.points
 
 
 @pytest.mark.slow
-def test_the_untouched_notebook_earns_nothing(graded):
+def test_the_untouched_notebook_earns_nothing(graded_lesson):
     """Does the notebook handed in untouched score 0, each part telling the learner to replace the stub?"""
-    root, cells, points = graded
-    assert scores(root, LESSON, cells, "sam") == dict.fromkeys(points, 0)
-    text = feedback(root, LESSON, "sam")
-    assert "still raises NotImplementedError" in text and "Exercise 8.1: repair three broken programs" in text
+    assert graded_lesson.scores("sam") == dict.fromkeys(graded_lesson.points, 0)
+    graded_lesson.check_feedback("sam", "still raises NotImplementedError", "Exercise 8.1: repair three broken programs")
 
 
 @pytest.mark.slow
-def test_repairing_only_the_hang_earns_only_the_hang(graded):
+def test_repairing_only_the_hang_earns_only_the_hang(graded_lesson):
     """Does a learner who repaired pass_right alone earn its part, the feedback saying what the other two did wrong?"""
-    root, cells, points = graded
-    assert scores(root, LESSON, cells, "ben") == {**points, "wrong_result": 0, "crash": 0}
-    text = feedback(root, LESSON, "ben")
-    assert "wrong_result: global_mean: on 2 ranks" in text and "a mean of means is wrong" in text
-    # the broken all_gather crashes a rank, or hangs when a rank holds nothing: either way the part and the ranks are named
-    assert "crash (gather_all): " in text
-    assert "all_gather" in text and "rank " in text
+    assert graded_lesson.scores("ben") == {**graded_lesson.points, "wrong_result": 0, "crash": 0}
+    # The broken all_gather crashes a rank, or hangs when a rank holds nothing: either way the part and the ranks are named.
+    graded_lesson.check_feedback("ben", "wrong_result: global_mean: on 2 ranks", "a mean of means is wrong",
+                                 "crash (gather_all): ", "all_gather", "rank ")
 
 
 @pytest.mark.slow
-def test_repairs_that_dodge_the_work_earn_nothing(graded):
+def test_repairs_that_dodge_the_work_earn_nothing(graded_lesson):
     """Do a collective in pass_right, a hard-coded mean and a gather crashing on the empty rank each lose their part, named?"""
-    root, cells, points = graded
-    assert scores(root, LESSON, cells, "cid") == dict.fromkeys(points, 0)
-    text = feedback(root, LESSON, "cid")
-    assert "called a built-in collective" in text and "pass_right is repaired by ordering its point-to-point calls" in text
-    assert "rank 0 returned 0.8; the mean of all" in text
-    assert "raised IndexError" in text and "crash (gather_all): rank " in text
+    assert graded_lesson.scores("cid") == dict.fromkeys(graded_lesson.points, 0)
+    graded_lesson.check_feedback("cid", "called a built-in collective", "pass_right is repaired by ordering its point-to-point calls",
+                                 "rank 0 returned 0.8; the mean of all", "raised IndexError", "crash (gather_all): rank ")
 
 
 @pytest.mark.slow
-def test_grading_run_records_every_learner(graded):
+def test_grading_run_records_every_learner(graded_lesson):
     """Does the run record hold every learner of lesson 08, graded without an error of the course's?"""
-    root, _, points = graded
-    record = json.loads((root / "autograder" / "grading-run.json").read_text())
-    runs = {run["student"]: run for run in record["submissions"] if run["lesson"] == LESSON}
-    assert set(runs) == set(LEARNERS)
-    assert all(run["status"] == "ok" for run in runs.values()), runs
-    assert runs["amy"]["score"] == pytest.approx(sum(points.values()))
-    assert "check itself failed" not in "".join(feedback(root, LESSON, who) for who in LEARNERS)
+    graded_lesson.check_every_learner_graded()
+    assert "check itself failed" not in "".join(graded_lesson.feedback(who) for who in LEARNERS)

@@ -262,3 +262,14 @@ def test_the_summary_files_say_who_was_slowest_and_who_could_not_be_graded(tmp_p
     assert "04-ring-all-reduce,4.4,correct,4,3,1,0.33," in csv_text
     assert "bwrap: Can&#x27;t mount proc" in (tmp_path / "class-summary.html").read_text()
     json.dumps(_record())  # the record is plain data, as grading-run.json holds it
+
+
+def test_a_failure_in_a_notebook_shows_the_exercise_part_and_message_only():
+    """Does a failing part render as one 'GradingFailure: Exercise N, part "p": ...' block, with no frames of the kit?"""
+    with pytest.raises(GradingFailure) as failed:
+        _exercise(lambda attempt: attempt.fail("every rank holds the sum.\nDid you divide?")).grade(lambda: 0, "correct")
+    lines = failed.value._render_traceback_()
+    assert lines[0].endswith('GradingFailure\x1b[0m: Exercise 9.1, part "correct": every rank holds the sum.')
+    assert lines[1:] == ["Did you divide?"]
+    again = pickle.loads(pickle.dumps(failed.value))
+    assert again.exercise == "Exercise 9.1" and again._render_traceback_() == lines

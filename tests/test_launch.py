@@ -656,6 +656,52 @@ def test_idle_factory_preloads_what_optimizers_import():
     assert launch(_has_dynamo, 2, output="quiet") == [True, True]
 
 
+def test_the_factory_serves_signals_and_exits_while_it_warms_up(tmp_path, monkeypatch):
+    """While the factory imports its warm-up modules (seconds on a busy machine, with ranks alive), does a signal the
+    kernel asks for reach the rank at once, is a rank that exited reported, and do a Stop and what follows it wait?"""
+    import socket
+
+    from helpers._runtime import factory_process
+    from helpers._runtime.protocol import Exited, Signal, Stop
+    from helpers._runtime.wire import send_message
+
+    (tmp_path / "warm_first.py").write_text("import warm_second\n")
+    (tmp_path / "warm_second.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(factory_process, "_WARM_UP_MODULES", ("warm_first",))
+    kernel_end, factory_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = factory_process._Server(factory_end)
+    # Stand-ins for two ranks: one hung, one that has exited and waits to be reaped.
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)  # a zombie now
+        server.ranks.update({hung.pid: (7, 0), done.pid: (8, 1)})
+        os.write(server.wake_w, bytes([signal.SIGCHLD]))  # what the factory's SIGCHLD handler writes
+        send_message(kernel_end, Signal(7, signal.SIGUSR1, [0]))  # a hang report's request for stacks
+        send_message(kernel_end, Stop())
+        send_message(kernel_end, Signal(7, signal.SIGTERM))
+        hooks = list(sys.meta_path)
+        factory_process._warm_up(server)
+        assert "warm_second" in sys.modules and sys.meta_path == hooks
+        assert hung.wait(timeout=30) == -signal.SIGUSR1  # sent during the import, not after it
+        kernel_end.settimeout(30)  # bounds a failure: nothing sent
+        assert pickle.loads(kernel_end.recv(1 << 16)) == Exited(8, 1, done.pid, 0) and list(server.ranks) == [hung.pid]
+        assert server.deferred == [(Stop(), [])]
+        assert select.select([factory_end], [], [], 0)[0], "the message after the Stop was read before it"
+        assert server._handle(server.deferred.pop(0)) is False
+    finally:
+        for child in (hung, done):
+            child.kill()
+            child.wait()
+        for end in (kernel_end, factory_end):
+            end.close()
+        os.close(server.wake_r)
+        os.close(server.wake_w)
+        for name in ("warm_first", "warm_second"):
+            sys.modules.pop(name, None)
+
+
 def _calls_all_reduce_three_ways(rank, world_size, how):
     import torch
     import torch.distributed as dist
@@ -683,6 +729,8 @@ def test_forbidden_calls_raise_forbidden_call_error_with_the_launchs_reason(how,
     err = info.value
     assert isinstance(err.original, helpers.ForbiddenCallError), err
     assert call in err.original.call and err.original.reason == "build it by hand"
+    family, name = ("ddp", helpers.DDP) if how == "ddp" else ("collective", "all_reduce")
+    assert (err.original.family, err.original.name) == (family, name)  # what grading words its feedback on
     assert "switched off here: build it by hand" in str(err)
     assert rank_children() == []
 

@@ -1,22 +1,22 @@
-"""Tracing, pictures and deadlock diagnosis, on real gloo ranks."""
+"""Tracing, pictures and deadlock diagnosis, on real gloo ranks.
+
+Every rank that runs a function of this file imports the file first, so it imports nothing
+slow at the top (matplotlib, the autograder's reference ring): on a loaded machine that
+import alone outlasted the 2 s timeouts of the hang tests, whose ranks were then reported
+as running an import instead of waiting in their calls.
+"""
 
 from __future__ import annotations
 
 import math
-import sys
+import os
 import warnings
-from pathlib import Path
 
-import matplotlib
+import pytest
 
-matplotlib.use("Agg")
+from helpers import Cluster, LaunchTimeoutError, launch, perf
 
-import pytest  # noqa: E402
-
-from helpers import Cluster, LaunchTimeoutError, launch, perf  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "autograder"))
-from reference import ring_all_gather, ring_allreduce, ring_reduce_scatter  # noqa: E402
+os.environ.setdefault("MPLBACKEND", "Agg")  # pictures without a display, set before matplotlib is imported
 
 
 def token_ring(rank, world_size):
@@ -36,6 +36,8 @@ def token_ring(rank, world_size):
 
 def reference_ring(rank, world_size, n):
     import torch
+
+    from autograder.lessons.reference import ring_allreduce
 
     t = torch.arange(float(n)) + rank
     ring_allreduce(t)
@@ -155,8 +157,11 @@ def _skip_collective(rank, world_size):
 
 def test_receive_first_deadlock_reports_the_cycle():
     """With tracing off, does a receive-first deadlock name each rank's recv, its peer, and the cycle?"""
+    # Found as a deadlock about a second after it forms (a DeadlockError, with the same report): the long
+    # timeout only bounds the test. With timeout=2, a rank still importing this test module on a loaded
+    # machine was reported "running" instead of in its recv.
     with pytest.raises(LaunchTimeoutError) as info:
-        launch(_receive_first, 3, timeout=2, output="quiet")
+        launch(_receive_first, 3, timeout=30, output="quiet")
     err = info.value
     for r in range(3):
         assert f"recv(src={(r + 1) % 3})" in err.waiting[r]
@@ -444,6 +449,8 @@ def test_pictures_from_a_real_trace():
 
 def _one_phase(rank, world_size, phase):
     import torch
+
+    from autograder.lessons.reference import ring_all_gather, ring_reduce_scatter
 
     t = torch.arange(12.0)
     (ring_reduce_scatter if phase == "reduce-scatter" else ring_all_gather)(t)

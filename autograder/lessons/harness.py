@@ -71,12 +71,34 @@ class GradingFailure(AssertionError):
     ('correct: rank 1 returned 3 instead of 2.', 'correct', 'rank 1 returned 3 instead of 2.')
     """
 
+    #: ``"Exercise 4.4"`` once the kit knows which exercise failed (it says so in the notebook).
+    exercise: str = ""
+
     def __init__(self, text: str, part: str = "") -> None:
         self.text, self.part = text, part
         super().__init__(f"{part}: {text}" if part else text)
 
     def __reduce__(self):
-        return (type(self), (self.text, self.part))
+        return (_failure, (type(self), self.text, self.part, self.exercise))
+
+    def _render_traceback_(self) -> list[str]:
+        """What a notebook shows: the exercise, the part and what went wrong, not the checks' own frames.
+
+        >>> failure = GradingFailure("every rank holds the sum.", part="correct")
+        >>> failure.exercise = "Exercise 5.1"
+        >>> failure._render_traceback_()[0].endswith('Exercise 5.1, part "correct": every rank holds the sum.')
+        True
+        """
+        red, reset = "\x1b[0;31m", "\x1b[0m"
+        where = ", ".join(w for w in (self.exercise, f'part "{self.part}"' if self.part else "") if w)
+        head, _, rest = self.text.partition("\n")
+        return [f"{red}{type(self).__name__}{reset}: " + (f"{where}: " if where else "") + head, *rest.splitlines()]
+
+
+def _failure(cls: type, text: str, part: str, exercise: str) -> GradingFailure:
+    failure = cls(text, part)
+    failure.exercise = exercise
+    return failure
 
 
 class CheckError(RuntimeError):
@@ -320,10 +342,8 @@ def run_ranks(
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
-            call = err.original.call
-            what = ("lesson 8's ring from helpers.ring" if call.startswith("helpers.ring.")
-                    else "a built-in collective" if set(launch.forbid) - {helpers.COURSE_RING} <= set(helpers.COLLECTIVES)
-                    else "a switched-off call")
+            what = {"course_ring": "lesson 8's ring from helpers.ring",
+                    "collective": "a built-in collective"}.get(err.original.family, "a switched-off call")
             raise GradingFailure(f"rank {err.rank} called {what} {where}: {err.exc_message}", part) from None
         fault = course_frame(err.frames)
         if fault is not None:

@@ -236,7 +236,10 @@ def _course_faults(ex: Exercise, part: str) -> Iterator[None]:
     """Let GradingFailure and CheckError through; report any other exception as the course's fault."""
     try:
         yield
-    except (GradingFailure, CheckError, HiddenTestUnavailable):
+    except GradingFailure as failure:
+        failure.exercise = failure.exercise or ex.label  # the notebook shows which exercise failed
+        raise
+    except (CheckError, HiddenTestUnavailable):
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is a bug in the check itself
         frames = traceback.format_tb(exc.__traceback__)[-2:]
@@ -314,6 +317,10 @@ class Attempt:
 
 class HiddenTestUnavailable(RuntimeError):
     """A graded part's hidden test was asked for in the learner distribution, which has none."""
+
+    def _render_traceback_(self) -> list[str]:
+        """Only the message in a notebook: it is not an error of the learner's code."""
+        return [f"{type(self).__name__}: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]
 
 
 def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the constant it stands in for

@@ -222,11 +222,12 @@ class Board:
             phase, call, peer, seq, nbytes, mask, start, world_seq, flags = _SLOT_FORMAT.unpack_from(
                 self._map, rank * _SLOT)
             name = PHASES[phase] if phase < len(PHASES) else "running"
+            in_call = name in ("call", "wait")
             out.append(BoardRecord(
                 rank=rank,
                 phase=name,
-                call=CALLS[call] if name in ("call", "wait") and call < len(CALLS) else None,
-                peer=None if peer < 0 else peer,
+                call=CALLS[call] if in_call and call < len(CALLS) else None,
+                peer=None if peer < 0 or not in_call else peer,  # a slot never written reads 0
                 seq=seq,
                 nbytes=nbytes,
                 members=[r for r in range(64) if mask >> r & 1] if mask else None,

@@ -3,8 +3,8 @@
 The rank's wrappers (:mod:`helpers._runtime.instrument`) read a call through these, whatever
 torch version names the parameters: the peer (``dst``/``src``, or ``group_dst``/``group_src``
 given in the group's numbering), the tensor that says how many bytes move
-(:data:`TENSOR_PARAM`, else the first parameter), and the members of a group other than the
-default one.
+(:attr:`~helpers._runtime.calls.CallInfo.tensor`, else the first parameter), and the
+members of a group other than the default one.
 
     >>> import torch
     >>> nbytes(torch.zeros(4)), nbytes([torch.zeros(2), torch.zeros(3, dtype=torch.float64)]), nbytes("x")
@@ -16,29 +16,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["PEER_PARAMS", "GROUP_PEER_PARAMS", "TENSOR_PARAM", "REDUCING", "nbytes", "called_from_torch", "is_work",
-           "members", "members_list", "global_rank", "process_group_classes"]
+__all__ = ["PEER_PARAMS", "GROUP_PEER_PARAMS", "nbytes", "called_from_torch", "is_work", "members", "members_list",
+           "global_rank", "process_group_classes"]
 
 PEER_PARAMS = ("dst", "src")
 GROUP_PEER_PARAMS = ("group_dst", "group_src")
-TENSOR_PARAM = {
-    "all_gather": "tensor",
-    "all_gather_into_tensor": "input_tensor",
-    "_all_gather_base": "input_tensor",
-    "gather": "tensor",
-    "scatter": "scatter_list",
-    "reduce_scatter": "input_list",
-    "reduce_scatter_tensor": "input",
-    "_reduce_scatter_base": "input",
-    "all_to_all": "input_tensor_list",
-    "all_to_all_single": "input",
-    "all_gather_single": "input_tensor",
-    "reduce_scatter_single": "input",
-    "all_reduce_coalesced": "tensors",
-    "all_gather_coalesced": "input_tensor_list",
-}
-REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-             "all_reduce_coalesced")
 
 
 def nbytes(value: Any) -> int | None:
@@ -51,9 +33,10 @@ def nbytes(value: Any) -> int | None:
     return None
 
 
-def called_from_torch() -> bool:
-    """Whether the wrapped call was made by torch's own code (two frames up: past the wrapper)."""
-    caller = sys._getframe(2).f_globals.get("__name__", "")
+def called_from_torch(frames_up: int = 2) -> bool:
+    """Whether the wrapped call was made by torch's own code: the module of the frame
+    ``frames_up`` above this function's (by default two: past the wrapper that asks)."""
+    caller = sys._getframe(frames_up).f_globals.get("__name__", "")
     return caller == "torch" or caller.startswith("torch.")
 
 

@@ -1,9 +1,10 @@
-"""Notebook cells' source lines, for tracebacks that show them in ranks and in the notebook.
+"""Notebook cells' source lines and names, for tracebacks that show them in ranks and in the notebook.
 
 Ranks are forked from the factory, which never saw the notebook's cells: :func:`kernel_sources`
 collects the lines of code typed in cells, which every new group takes along, and
 :func:`cache_source` registers the source of a ``%%distributed`` cell so that a traceback
-names it ``Cell In[N]`` with the number the notebook shows.
+names it ``Cell In[N]`` with the number the notebook shows (:func:`cell_label`,
+:func:`relabel_traceback`).
 
     >>> name = cache_source("x = 1\\n")
     >>> kernel_sources()[name]
@@ -12,10 +13,11 @@ names it ``Cell In[N]`` with the number the notebook shows.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
-__all__ = ["kernel_sources", "cache_source", "running_cell_number"]
+__all__ = ["kernel_sources", "cache_source", "running_cell_number", "cell_label", "relabel_traceback"]
 
 
 def kernel_sources(limit: int = 4 << 20) -> dict[str, list[str]]:
@@ -65,3 +67,37 @@ def running_cell_number(shell: Any) -> int:
             return number
         frame = frame.f_back
     return shell.execution_count
+
+
+def cell_label(filename: str) -> str:
+    """``Cell In[7]`` for code typed in a notebook cell, else the file name unchanged.
+
+    >>> cell_label("/tmp/ipykernel_12/3456.py"), cell_label("train.py")
+    ('a notebook cell', 'train.py')
+    """
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        number = shell.compile._filename_map.get(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - IPython missing or a different compiler
+        number = None
+    if number is not None:
+        return f"Cell In[{number}]"
+    if re.search(r"ipykernel_\d+[/\\]\d+\.py$", filename) or filename.startswith("<ipython-input"):
+        return "a notebook cell"
+    return filename
+
+
+def relabel_traceback(text: str) -> str:
+    """Replace notebook cells' temporary file names in a traceback by ``Cell In[N]``.
+
+    >>> relabel_traceback('File "/tmp/ipykernel_12/3456.py", line 2, in f')
+    'a notebook cell, line 2, in f'
+    """
+
+    def label(match: re.Match) -> str:
+        name = cell_label(match.group(1))
+        return match.group(0) if name == match.group(1) else f"{name}, line"
+
+    return re.sub(r'File "([^"]+)", line', label, text)

@@ -2,9 +2,16 @@
 
 When ranks run past their timeout, each live rank is asked for a dump of its Python
 stacks (Python's ``faulthandler``, which works even while a rank is blocked inside a C++
-call such as gloo's ``recv``). This module turns those dumps into frames and into one
-sentence per rank, naming the ``torch.distributed`` call it waits in and the learner's
-line that made it.
+call such as gloo's ``recv``). This module turns those dumps into frames
+(:func:`parse_dump` and :func:`dump_complete`, the one place that reads faulthandler's text) and into one sentence per
+rank, naming the ``torch.distributed`` call it waits in and the learner's line that made
+it. Which call a rank is in comes from the board (:mod:`helpers._runtime.board`: the call,
+its peer) when the rank's wrappers noted one; otherwise from the stack, as the outermost
+frame in torch.distributed's files whose function is one torch.distributed offers
+(:data:`~helpers._runtime.calls.PUBLIC_FUNCTIONS`). Frames are told apart by their file:
+torch's, this package's, the factory's start-up line, or the learner's. The conclusions
+(:func:`explain_hang`) are typed :class:`Finding` records: code asks their ``kind``, the
+learner reads their ``text``.
 
 Example::
 
@@ -22,29 +29,22 @@ from __future__ import annotations
 import linecache
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import cell_label
 from .board import BoardRecord
-from .calls import COLLECTIVES, DDP_CONSTRUCTOR
+from .calls import COLLECTIVES, DDP_CONSTRUCTOR, PUBLIC_FUNCTIONS
+from .cells import cell_label
 
-__all__ = [
-    "parse_dump",
-    "main_stack",
-    "describe_wait",
-    "format_stack",
-    "summarize",
-    "call_text",
-    "RECEIVE_FIRST",
-    "SEND_FIRST",
-    "CALLS_DISAGREE",
-    "wait_for_graph",
-    "find_cycle",
-    "explain_hang",
-]
+__all__ = ["parse_dump", "dump_complete", "main_stack", "describe_wait", "format_stack", "summarize", "call_text",
+           "Finding", "RECEIVE_FIRST", "SEND_FIRST", "CYCLE", "PEER_RETURNED", "NEVER_REACHED", "CALLS_DISAGREE",
+           "wait_for_graph", "find_cycle", "explain_hang"]
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+#: The start of the last line of a rank's main-thread stack in a dump: its outermost frame is
+#: the rank factory's `python -c` module (see helpers._runtime.factory).
+_DUMP_END = b'File "<string>", line'
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/, not helpers/_runtime/
 
 
@@ -62,6 +62,17 @@ def parse_dump(text: str) -> list[dict[str, Any]]:
                 {"filename": m.group(1), "lineno": int(m.group(2)), "name": m.group(3).strip()}
             )
     return threads
+
+
+def dump_complete(data: bytes) -> bool:
+    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: its last
+    line, the factory's start-up frame, has arrived (a dump comes line by line, innermost first).
+
+    >>> dump_complete(b'  File "x.py", line 3 in f\\n'), dump_complete(b'  File "<string>", line 1 in <module>\\n')
+    (False, True)
+    """
+    end = data.rfind(_DUMP_END)
+    return end >= 0 and b"\n" in data[end:]
 
 
 def main_stack(text: str, main_ident: int | None) -> list[dict[str, Any]]:
@@ -100,18 +111,19 @@ def _is_bootstrap(frame: dict[str, Any], frames: list[dict[str, Any]]) -> bool:
 def describe_wait(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """Where a rank is blocked: the torch.distributed call and the learner's frame.
 
-    Returns a dict with ``call`` (name of the outermost torch.distributed function on the
-    stack, or None) and ``user`` (the innermost frame outside torch and this package, or
-    None). What the rank was doing overall (starting, idle, running) is on the board.
+    Returns a dict with ``call`` (the outermost frame in torch.distributed's files whose
+    function is one of torch.distributed's own, :data:`~helpers._runtime.calls.PUBLIC_FUNCTIONS`:
+    not a decorator's wrapper, a private helper or a lambda; or None) and ``user`` (the
+    innermost frame outside torch and this package, or None). What the rank was doing
+    overall (starting, idle, running, the call it noted) is on the board: prefer that.
     """
     call = None
     user = None
     for frame in frames:  # innermost first
         filename = frame["filename"]
         if _is_distributed(filename):
-            name = frame["name"]
-            if not name.startswith("_") and name not in ("wrapper", "inner", "<lambda>"):
-                call = name  # keep the outermost public torch.distributed function
+            if frame["name"] in PUBLIC_FUNCTIONS:
+                call = frame["name"]  # keep the outermost one
         elif user is None and not _is_torch(filename) and not _is_ours(filename) and not _is_bootstrap(frame, frames):
             user = frame
             break
@@ -145,17 +157,21 @@ def format_stack(frames: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def summarize(rank: int, frames: list[dict[str, Any]], phase: str | None = None) -> str:
-    """One sentence: where this rank waits. ``phase`` is its board phase, when known."""
+def summarize(rank: int, frames: list[dict[str, Any]], record: BoardRecord | None = None) -> str:
+    """One sentence: where this rank waits. ``record`` is its slot on the board, when known:
+    its phase, and the call it noted (with its peer), which the stack is not asked for."""
+    phase = record.phase if record is not None else None
     if phase == "starting":
         return (f"rank {rank} was still starting: it had not finished joining the process group, "
                 "so your function never ran there")
     if phase == "ready":
         return f"rank {rank} was idle, waiting for work"
+    where = describe_wait(frames) if frames else {"call": None, "user": None}
+    at = _at(where["user"])
+    if record is not None and record.in_call:
+        return f"rank {rank} waits in {call_text(record)}{at}"
     if not frames:
         return f"rank {rank}: no stack could be read (it may be stuck outside Python)"
-    where = describe_wait(frames)
-    at = _at(where["user"])
     if where["call"]:
         return f"rank {rank} waits in torch.distributed.{where['call']}(){at}"
     return f"rank {rank} is running{at}"
@@ -176,14 +192,25 @@ def _at(user: dict[str, Any] | None) -> str:
 _PEER_WORD = {"recv": "src", "irecv": "src", "recv_object_list": "src", "broadcast": "src",
               "scatter": "src", "broadcast_object_list": "src", "scatter_object_list": "src"}
 _RECEIVES = ("recv", "irecv", "recv_object_list")
-#: The words a hang report uses for a cycle of ranks that all receive first.
-RECEIVE_FIRST = "every rank is receiving before anyone sends"
 _SENDS = ("send", "isend", "send_object_list")
-#: The words a hang report uses for a cycle of ranks that all send first (gloo moves a
-#: message only once its receive is posted, so this deadlocks whatever the size).
-SEND_FIRST = "every rank is sending before anyone receives"
-#: The words a hang report uses when a rank made a collective that another still waits in.
-CALLS_DISAGREE = "the two calls did not agree"
+
+#: What a hang report can conclude: the ``kind`` of a :class:`Finding`. A wait-for cycle of
+#: ranks that all receive first, that all send first (gloo moves a message only once its
+#: receive is posted, so this deadlocks whatever the size), or that mix calls; a rank
+#: waiting for one that already returned; a collective some member never reached; a
+#: collective another rank made and left while this one still waits in it.
+RECEIVE_FIRST, SEND_FIRST, CYCLE = "receive_first", "send_first", "cycle"
+PEER_RETURNED, NEVER_REACHED, CALLS_DISAGREE = "peer_returned", "never_reached", "calls_disagree"
+_DISAGREE_WORDS = "the two calls did not agree"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One conclusion of a hang report: its ``kind`` (:data:`RECEIVE_FIRST`, ...) and the sentence a learner reads."""
+
+    kind: str
+    text: str
+
 # Calls every member of the group must make: DDP's constructor broadcasts from C++.
 _GROUP_CALLS = COLLECTIVES + (DDP_CONSTRUCTOR,)
 
@@ -254,39 +281,45 @@ def explain_hang(
     frames: dict[int, list[dict[str, Any]]],
     busy: list[int],
     finished: list[int],
-) -> tuple[dict[int, str], list[str]]:
-    """Per busy rank, where it waits; and the conclusions (cycle, missing collective)."""
-    records = {r: board[r] for r in busy if r < len(board)}
-    lines: dict[int, str] = {}
-    for r in busy:
-        rec, stack = records.get(r), frames.get(r, [])
-        if rec is not None and rec.in_call:
-            lines[r] = f"rank {r} waits in {call_text(rec)}{_at(describe_wait(stack)['user'] if stack else None)}"
-        else:
-            lines[r] = summarize(r, stack, rec.phase if rec is not None else None)
+) -> tuple[dict[int, str], list[Finding]]:
+    """Per busy rank, where it waits (:func:`summarize`); and what the report concludes
+    (cycles, missing or mismatched collectives), as :class:`Finding` records.
+
+    >>> ring = [BoardRecord(0, "call", "recv", peer=1), BoardRecord(1, "call", "recv", peer=0)]
+    >>> waiting, findings = explain_hang(ring, {}, busy=[0, 1], finished=[])
+    >>> waiting[0], [f.kind for f in findings]
+    ('rank 0 waits in recv(src=1)', ['receive_first'])
+    """
+    waiting = {r: summarize(r, frames.get(r, []), board[r] if r < len(board) else None) for r in busy}
     edges = wait_for_graph(board, busy, finished) if board else {}
-    notes = _missing_collective_notes(board, frames, busy, finished, edges)
+    findings = _collective_findings(board, frames, busy, finished, edges)
     cycle = find_cycle(edges)
     if cycle:
         chain = ", ".join(f"rank {a} waits for rank {b}" for a, b in zip(cycle, cycle[1:]))
         calls = {board[r].call for r in cycle[:-1] if board[r].call}
         if calls and calls <= set(_RECEIVES):
-            notes.append(f"Wait-for cycle: {chain}: {RECEIVE_FIRST}.")
+            findings.append(Finding(RECEIVE_FIRST, f"Wait-for cycle: {chain}: every rank is receiving before anyone sends."))
         elif calls and calls <= set(_SENDS):
-            notes.append(f"Wait-for cycle: {chain}: {SEND_FIRST}.")
+            findings.append(Finding(SEND_FIRST, f"Wait-for cycle: {chain}: every rank is sending before anyone receives."))
         else:
-            notes.append(f"Wait-for cycle: {chain}: none of them can go on.")
+            findings.append(Finding(CYCLE, f"Wait-for cycle: {chain}: none of them can go on."))
     for r in busy:
         for m in edges.get(r, []):
             if m in finished and board[r].call not in _GROUP_CALLS:
-                notes.append(f"rank {r} waits for rank {m}, which already returned: rank {m} never made the matching call.")
-    return lines, notes
+                findings.append(Finding(PEER_RETURNED, f"rank {r} waits for rank {m}, which already returned: "
+                                                       f"rank {m} never made the matching call."))
+    return waiting, findings
 
 
-def _missing_collective_notes(board: list[BoardRecord], frames: dict[int, list[dict[str, Any]]],
-                              busy: list[int], finished: list[int], edges: dict[int, list[int]]) -> list[str]:
+def _collective_findings(board: list[BoardRecord], frames: dict[int, list[dict[str, Any]]],
+                         busy: list[int], finished: list[int], edges: dict[int, list[int]]) -> list[Finding]:
     """A collective some member never reached, or made without it matching: where that member is."""
-    notes: list[str] = []
+    found: list[Finding] = []
+
+    def add(kind: str, text: str) -> None:
+        if all(f.text != text for f in found):
+            found.append(Finding(kind, text))
+
     different: set[tuple[int, int]] = set()  # pairs of ranks, each waiting in another collective
     for r in busy:
         rec = board[r] if r < len(board) else None
@@ -296,37 +329,25 @@ def _missing_collective_notes(board: list[BoardRecord], frames: dict[int, list[d
             other = board[m] if m < len(board) else None
             m_user = describe_wait(frames[m])["user"] if frames.get(m) else None
             how = _counterpart(rec, other, m in finished) if other is not None else None
-            if how is not None:
-                if how == "returned":
-                    did = f"made the call that pairs with rank {r}'s {rec.call} and returned"
-                elif how == "left":
-                    did = (f"made the call that pairs with rank {r}'s {rec.call} and went on to "
-                           f"{call_text(other) if other.in_call else 'run your code'}{_at_frame(m_user)}")
-                else:  # both wait, each in a different collective: one note for the pair
-                    if (r, m) in different:
-                        continue
+            if how == "other":  # both wait, each in a different collective: one finding for the pair
+                if (r, m) not in different:
                     different.add((m, r))
-                    notes.append(f"rank {m} is in {call_text(other)}{_at_frame(m_user)} and rank {r} in "
-                                 f"{rec.call}, the call that pairs with it (on both, collective number "
-                                 f"{rec.world_seq} on the whole group): {CALLS_DISAGREE}, they are different "
-                                 "collectives")
-                    continue
-                note = (f"rank {m} {did} (on both, collective number {rec.world_seq} on the whole group), "
-                        f"but rank {r} still waits in it: {CALLS_DISAGREE}")
-                if note not in notes:
-                    notes.append(note)
-                continue
-            if m in finished:
-                note = f"rank {m} never reached {rec.call}: it already returned"
-            elif other is not None and other.in_call:
-                note = f"rank {m} never reached {rec.call}; it is in {call_text(other)}"
+                    add(CALLS_DISAGREE, f"rank {m} is in {call_text(other)}{_at_frame(m_user)} and rank {r} in "
+                                        f"{rec.call}, the call that pairs with it (on both, collective number "
+                                        f"{rec.world_seq} on the whole group): {_DISAGREE_WORDS}, they are "
+                                        "different collectives")
+            elif how is not None:
+                did = (f"made the call that pairs with rank {r}'s {rec.call} and returned" if how == "returned" else
+                       f"made the call that pairs with rank {r}'s {rec.call} and went on to "
+                       f"{call_text(other) if other.in_call else 'run your code'}{_at_frame(m_user)}")
+                add(CALLS_DISAGREE, f"rank {m} {did} (on both, collective number {rec.world_seq} on the whole "
+                                    f"group), but rank {r} still waits in it: {_DISAGREE_WORDS}")
+            elif m in finished:
+                add(NEVER_REACHED, f"rank {m} never reached {rec.call}: it already returned")
             else:
-                note = f"rank {m} never reached {rec.call}"
-            if m not in finished:
-                note += _at_frame(m_user)
-            if note not in notes:
-                notes.append(note)
-    return notes
+                where = f"; it is in {call_text(other)}" if other is not None and other.in_call else ""
+                add(NEVER_REACHED, f"rank {m} never reached {rec.call}{where}{_at_frame(m_user)}")
+    return found
 
 
 def _at_frame(frame: dict[str, Any] | None) -> str:

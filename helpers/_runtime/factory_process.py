@@ -14,6 +14,7 @@ import pickle
 import select
 import signal
 import socket
+import sys
 import time
 import traceback
 from typing import Any
@@ -62,6 +63,9 @@ class _Server:
         self.ranks: dict[int, tuple[int, int]] = {}  # pid -> (group id, rank)
         self.scratch: dict[int, str] = {}  # group id -> its rendezvous folder
         self.probe_pid: int | None = None
+        # Messages read while warming up and left for the loop, in the order they came
+        # (None: the kernel's end of the socket closed); see _ServingSignals.
+        self.deferred: list[tuple[Any, list[int]] | None] = []
 
     def serve(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts reach ranks through us
@@ -78,16 +82,21 @@ class _Server:
         poller.register(self.wake_r, select.POLLIN)
         warm = os.environ.get("HELPERS_WARM_UP") == "now"  # then _preload has done it
         while True:
+            if self.deferred:
+                if not self._handle(self.deferred.pop(0)):
+                    self._shutdown()
+                    return
+                continue
             ready = poller.poll(None if warm else _WARM_UP_WHEN_IDLE_MS)
             if not ready and not warm:
                 warm = True
-                self._warm_up()
+                _warm_up(self)
                 continue
             for fd, _ in ready:
                 if fd == self.wake_r:
                     os.read(self.wake_r, 4096)
                     self._reap()
-                elif not self._handle_packet():
+                elif not self._handle(self._receive()):
                     self._shutdown()
                     return
 
@@ -102,24 +111,7 @@ class _Server:
         from . import rank as _rank  # noqa: F401
 
         if os.environ.get("HELPERS_WARM_UP") == "now":
-            self._warm_up()
-
-    def _warm_up(self) -> None:
-        """Import, once the factory is idle, what ranks would otherwise each import again.
-
-        Building the first optimizer imports ``torch._dynamo`` (about 1 s, and more while
-        several ranks do it at once on few cores). Done here, every later rank inherits
-        it. It runs only after the factory has sat idle for a moment, so it never delays
-        the first launch; it neither starts threads nor touches CUDA. ``HELPERS_WARM_UP=now``
-        does it before the factory says it is ready instead: for a process that launches at
-        once and keeps its ranks (the clean re-grade, whose checks build optimizers on kept
-        ranks that would each import it again).
-        """
-        for name in _WARM_UP_MODULES:
-            try:
-                __import__(name)
-            except Exception:  # noqa: BLE001 - an older torch without it: ranks import what they need
-                pass
+            _warm_up(self)
 
     def _start_probe(self) -> None:
         r, w = os.pipe()
@@ -158,14 +150,20 @@ class _Server:
             if fd not in keep:
                 os.close(fd)
 
-    def _handle_packet(self) -> bool:
+    def _receive(self) -> tuple[Any, list[int]] | None:
+        """The next message from the kernel, with the file descriptors that came with it;
+        None when the kernel's end of the socket has closed."""
         try:
             data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, MAX_FDS)
         except ConnectionResetError:
+            return None
+        return (pickle.loads(data), fds) if data else None
+
+    def _handle(self, packet: tuple[Any, list[int]] | None) -> bool:
+        """Act on a message from :meth:`_receive`; False when the factory is to stop."""
+        if packet is None:
             return False
-        if not data:
-            return False
-        message = pickle.loads(data)
+        message, fds = packet
         if isinstance(message, Spawn):
             self._spawn(message, fds)
             return True
@@ -220,15 +218,12 @@ class _Server:
             except PermissionError:  # the child has not called setpgid yet
                 os.kill(pid, sig)
 
-    def _reap(self) -> None:
+    def _reap(self, only: list[int] | None = None) -> None:
+        """Collect the children that exited, reporting the ranks; ``only``: of these alone."""
         while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
+            pid = _exited(os.P_ALL, 0) if only is None else next((p for p in only if _exited(os.P_PID, p)), 0)
+            if not pid:
                 return
-            if info is None or info.si_pid == 0:
-                return
-            pid = info.si_pid
             if pid in self.ranks:
                 # The rank is a zombie, so its process id and group id are still ours:
                 # sweep whatever it started before it died, then collect it.
@@ -274,6 +269,81 @@ class _Server:
             self.ranks.pop(pid, None)
         for gid in list(self.scratch):
             self._remove_scratch(gid)
+
+
+def _warm_up(server: _Server) -> None:
+    """Import, once the factory is idle, what ranks would otherwise each import again.
+
+    Building the first optimizer imports ``torch._dynamo`` (about 1 s, and more while
+    several ranks do it at once on few cores). Done here, every later rank inherits
+    it. It runs only after the factory has sat idle for a moment, so it never delays
+    the first launch; it neither starts threads nor touches CUDA. ``HELPERS_WARM_UP=now``
+    does it before the factory says it is ready instead: for a process that launches at
+    once and keeps its ranks (the clean re-grade, whose checks build optimizers on kept
+    ranks that would each import it again).
+
+    Ranks may be alive meanwhile, and the import takes seconds on a busy machine (ten on
+    two loaded cores): the signals asked for them are sent, and those that exit reaped, while
+    it runs (:class:`_ServingSignals`), so that a hang report still gets the ranks' stacks, an
+    interrupt still reaches them and a stop is not held up.
+    """
+    serving = _ServingSignals(server)
+    sys.meta_path.insert(0, serving)
+    try:
+        for name in _WARM_UP_MODULES:
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - an older torch without it: ranks import what they need
+                pass
+    finally:
+        sys.meta_path.remove(serving)
+
+
+class _ServingSignals:
+    """An import hook that finds no module: while the factory warms up, it is asked before
+    each module the warm-up imports, and does meanwhile what ranks alive cannot wait for.
+
+    It reaps the ranks that exited (none of the import's own children), so that the kernel
+    hears of it (a group's stop waits for that), and reads the kernel's requests in order: a :class:`~helpers._runtime.protocol.Signal`
+    is sent at once; anything else (a Spawn: no fork in the middle of an import, or the end
+    of the socket) stops the reading, and it and all after it are left, in order, in
+    ``server.deferred`` for the loop. A signal for a group whose Spawn waits there waits too.
+    """
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.messages, self.exits = select.poll(), select.poll()
+        self.messages.register(server.sock, select.POLLIN)
+        self.exits.register(server.wake_r, select.POLLIN)
+        self.busy = False  # what it does may import: that import is not served again
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        server = self.server
+        if self.busy:
+            return None
+        self.busy = True
+        try:
+            if self.exits.poll(0):  # a child exited; the loop reaps any the import itself started
+                server._reap(only=[p for p in (*server.ranks, server.probe_pid) if p is not None])
+            while not server.deferred and self.messages.poll(0):
+                packet = server._receive()
+                if packet is not None and isinstance(packet[0], Signal):
+                    server._handle(packet)
+                else:
+                    server.deferred.append(packet)
+        finally:
+            self.busy = False
+        return None
+
+
+def _exited(idtype: int, ident: int) -> int:
+    """The process id of a child that has exited, among those ``os.waitid(idtype, ident)``
+    looks at, left unreaped; 0 when there is none."""
+    try:
+        info = os.waitid(idtype, ident, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return 0
+    return info.si_pid if info is not None else 0
 
 
 def serve(fd: int) -> None:

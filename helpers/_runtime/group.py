@@ -11,8 +11,9 @@ Every wait is a loop in the calling thread around ``poll``: the Jupyter stop but
 the cell, so it lands under that cell.
 
 Its pipe half (reading and writing each rank's pipes, a dying rank's last words, the
-stacks of hung ranks) is :class:`~helpers._runtime.rankio.RankIO`; what each rank is told
-at start is :func:`~helpers._runtime.spec.group_spec`.
+stacks of hung ranks) is :class:`~helpers._runtime.rankio.RankIO`; its ending (signals,
+``stop``, ``close``) is :class:`~helpers._runtime.ending.GroupEnding`; what each rank is
+told at start is :func:`~helpers._runtime.spec.group_spec`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
-import shutil
 import signal
 import time
 
@@ -28,6 +28,7 @@ from ..output import OutputRouter
 from ..settings import LaunchSettings
 from .board import Board, BoardRecord
 from .deadlock import DeadlockWatch
+from .ending import GroupEnding
 from .factory import Factory, FactoryError
 from .protocol import Death, Exited, Failure, GroupSpec, RankSpec, Request, Result, Spawned
 from .rankio import RankIO, RankState
@@ -41,7 +42,7 @@ __all__ = ["RankGroup"]
 _ECHO_GRACE = 0.5
 
 
-class RankGroup(RankIO):
+class RankGroup(RankIO, GroupEnding):
     """``settings.world_size`` ranks forked by the factory, with their pipes open to this process.
 
     ``settings`` (:class:`~helpers.settings.LaunchSettings`) says how many ranks, on how
@@ -264,115 +265,8 @@ class RankGroup(RankIO):
                 outcome.failures += [self._last_words(d, rid) for d in deaths]
                 return
 
-    # -- state ------------------------------------------------------------------------
-
-    @property
-    def live(self) -> list[int]:
-        return [s.rank for s in self.ranks if s.state != "exited"]
-
-    # -- signals and stacks -----------------------------------------------------------
-
-    def signal(self, sig: int, ranks: list[int] | None = None) -> None:
-        if self.factory_dead or not self.live:
-            return
-        try:
-            self.factory.signal(self.gid, sig, ranks)
-        except FactoryError:
-            pass
+    # -- the board (the stacks: RankIO.dump_stacks) -------------------------------------
 
     def read_board(self) -> list[BoardRecord]:
         """What each rank notes it is doing right now (its phase, its torch.distributed call)."""
         return self.board.read() if self.board is not None else []
-
-    # -- stop -------------------------------------------------------------------------
-
-    def wait_exit(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.live and not self.factory_dead:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self.poll(min(remaining, 0.05))
-        return True
-
-    def stop(self, escalate: tuple[tuple[int, float], ...] | None = None) -> None:
-        """Stop every rank still running, escalating signals; always ends with none left.
-
-        The default sequence is SIGTERM, then SIGKILL after 1 s. A second interrupt while
-        stopping goes straight to SIGKILL.
-        """
-        steps = escalate or ((signal.SIGTERM, 1.0),)
-        try:
-            for sig, grace in steps:
-                if not self.live:
-                    break
-                self.signal(sig)
-                if self.wait_exit(grace):
-                    break
-        except KeyboardInterrupt:
-            pass
-        finally:
-            self._kill_and_reap()
-
-    def _kill_and_reap(self) -> None:
-        deadline = time.monotonic() + 10
-        while self.live and not self.factory_dead and time.monotonic() < deadline:
-            self.signal(signal.SIGKILL)
-            try:
-                self.wait_exit(1.0)
-            except KeyboardInterrupt:
-                continue
-
-    def close(self, grace: float = 5.0) -> None:
-        """Close the command pipes (ranks exit cleanly), then make sure all are gone."""
-        if self._closed:
-            return
-        try:
-            deadline = time.monotonic() + grace
-            for state in self.ranks:
-                # Let queued requests go out before the end-of-file tells the rank to exit.
-                while state.writer is not None and state.writer.waiting and time.monotonic() < deadline:
-                    self.poll(0.01)
-                if state.fds.get("cmd") is not None:
-                    try:
-                        os.close(state.fds.pop("cmd"))
-                    except OSError:
-                        pass
-                    state.writer = None
-            if not self.wait_exit(max(0.0, deadline - time.monotonic())):
-                self.stop()
-        finally:
-            self._kill_and_reap()
-            self._release()
-
-    def _release(self) -> None:
-        # Drain what is left of the output so the last lines are not lost, then close all.
-        end = time.monotonic() + 0.5
-        while any(name in ("stdout", "stderr") for _, name in self._by_fd.values()) and time.monotonic() < end:
-            try:
-                self.poll(0.02)
-            except KeyboardInterrupt:
-                break
-        self.router.flush()
-        for fd in list(self._by_fd):
-            self._close_fd(fd)
-        for state in self.ranks:
-            fd = state.fds.pop("cmd", None)
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            state.writer = None
-        try:
-            self._poller.unregister(self.factory.fileno())
-        except (KeyError, ValueError):
-            pass
-        self.factory.forget_group(self.gid)
-        if self.board is not None:
-            self.board.close()
-            self.board = None
-        if self.store_dir is not None:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
-            self.store_dir = None
-        self._closed = True

@@ -15,7 +15,9 @@ all-reduce runs with ``all_reduce`` and its relatives raising
 :class:`~helpers.ForbiddenCallError`, also on the process group object, so only
 point-to-point calls can do the work.
 
-The board and the trace events are records of :mod:`helpers._runtime.protocol`.
+The board and the trace events are records of :mod:`helpers._runtime.protocol`. This
+module installs the wrappers and switches calls off; what a wrapper does on each call is
+:mod:`helpers._runtime.wrapper`.
 
 This module runs in the ranks only; the notebook side is :mod:`helpers.trace`. Inside a
 rank, :func:`current` is the rank's :class:`Instrument` (benchmarks switch its wrappers
@@ -32,18 +34,16 @@ Example (inside a rank)::
 
 from __future__ import annotations
 
-import inspect
 import threading
-import time
 from typing import Any, Callable
 
 from ..errors import ForbiddenCallError
 from . import callargs
-from .board import FLAG_UNSURE, RECVS_DONE, RECVS_POSTED, SENDS_DONE, SENDS_POSTED, Board
-from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT
+from .board import Board
+from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT, family_of
 from .ddp_watch import watch_ddp
 from .protocol import TraceEvent
-from .work import TracedWork, threaded
+from .wrapper import wrap
 
 __all__ = ["Instrument", "current"]
 
@@ -57,7 +57,13 @@ def current() -> "Instrument | None":
 
 
 class Instrument:
-    """The wrappers of one rank: board updates always, events when tracing."""
+    """The wrappers of one rank: board updates always, events when tracing.
+
+    It puts them in place (:meth:`install`), puts torch's functions back (:meth:`uninstall`)
+    and switches calls off (:meth:`forbid`); each wrapper, and what it does on a call, is
+    made by :func:`helpers._runtime.wrapper.wrap`. The wrappers keep their state here: the
+    board's writer and message counts, the sequence numbers, the events, the nesting depth.
+    """
 
     def __init__(self, rank: int, board: Board | None, world_size: int) -> None:
         self.rank = rank
@@ -88,38 +94,6 @@ class Instrument:
         if self._write is not None:
             self._write(phase, call, peer, self.seq, nbytes, members, self.world_seq, self.flags | flags)
 
-    def _posted(self, name: str, peer: Any, tensor: Any, group: Any) -> int:
-        """Count a point-to-point call about to go into torch; returns where its completion
-        is counted (-1: not counted).
-
-        Posted counts go up before the call starts (before the board says "call"), so a
-        message in flight is always counted. What the counts cannot describe marks the
-        rank unsure instead (:data:`~helpers._runtime.board.FLAG_UNSURE`): a receive from any
-        source, the object calls (two messages each, one of them of unknown size), a
-        tensor off the CPU (nccl's sends may finish before their receive is posted, which
-        gloo's never do, and the rules rely on that), and a call while the rank runs
-        Python threads besides its main one (the board shows one call per rank: another
-        thread may be about to send what this call waits for). A call on a group this
-        rank is not in does nothing, and is not counted.
-        """
-        counts = self.counts
-        if counts is None or (group is not None and group == self.non_member):
-            return -1
-        sending = name in ("send", "isend")
-        if name in ("send_object_list", "recv_object_list") or (peer is None and not sending) \
-                or not getattr(tensor, "is_cpu", True) or threaded(self):
-            self.flags |= FLAG_UNSURE
-            return -1
-        try:
-            peer = int(peer)
-        except (TypeError, ValueError):
-            return -1
-        if not 0 <= peer < self.world_size:
-            return -1  # torch refuses it: no message
-        at = peer * 4
-        counts[at + (SENDS_POSTED if sending else RECVS_POSTED)] += 1
-        return at + (SENDS_DONE if sending else RECVS_DONE)
-
     # -- install ----------------------------------------------------------------------
 
     def install(self) -> None:
@@ -138,7 +112,7 @@ class Instrument:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            wrapped = self._wrap(name, original)
+            wrapped = wrap(self, name, original)
             self._set(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 self._set(dist, name, wrapped)
@@ -202,174 +176,38 @@ class Instrument:
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in callargs.process_group_classes():
                     if hasattr(cls, method):
-                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason), refusing=True)
+                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason, name), refusing=True)
             try:
                 import torch.distributed._functional_collectives as fc
             except ImportError:
                 continue
             for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
                 if hasattr(fc, fname):
-                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason), refusing=True)
+                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason, name), refusing=True)
 
     def _forbid_course_ring(self, reason: str) -> None:
         from .. import ring
 
         for fname in ring.__all__:
-            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason), refusing=True)
+            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason, COURSE_RING), refusing=True)
 
     def _forbid_ddp(self, reason: str) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        self._set(DistributedDataParallel, "__init__", _refuser("torch.nn.parallel.DistributedDataParallel", reason),
-                  refusing=True)
-
-    # -- the wrapper ------------------------------------------------------------------
-
-    def _wrap(self, name: str, fn: Callable) -> Callable:
-        params = list(inspect.signature(fn).parameters)
-        peer_param = next((p for p in callargs.PEER_PARAMS if p in params), None)
-        group_peer_param = next((p for p in callargs.GROUP_PEER_PARAMS if p in params), None)
-        tensor_param = callargs.TENSOR_PARAM.get(name, params[0] if params else None)
-        is_p2p = name in POINT_TO_POINT
-        blocking = name in ("send", "recv")  # returns when the message is done (isend/irecv: at wait())
-        inst = self
-        local = self._local
-        position = {p: i for i, p in enumerate(params)}
-
-        def argument(args: tuple, kwargs: dict, param: str | None) -> Any:
-            # What the call passed for ``param``, by position or by name (this runs on every call:
-            # no dict of every argument unless tracing needs one).
-            if param is None:
-                return None
-            i = position.get(param)
-            if i is not None and i < len(args):
-                return args[i]
-            return kwargs.get(param)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if name in inst.forbidden:
-                raise ForbiddenCallError(f"torch.distributed.{name}", inst.forbidden[name])
-            if getattr(local, "depth", 0):  # a call made by another wrapped call
-                return fn(*args, **kwargs)
-            peer = argument(args, kwargs, peer_param)
-            group = argument(args, kwargs, "group")
-            if peer is None and group_peer_param:
-                group_peer = argument(args, kwargs, group_peer_param)
-                if group_peer is not None:
-                    peer = callargs.global_rank(group, group_peer)
-            if name == "batch_isend_irecv":
-                return inst._batch(fn, argument(args, kwargs, "p2p_op_list") or [])
-            tensor = argument(args, kwargs, tensor_param)
-            nbytes = callargs.nbytes(tensor)
-            members = None if is_p2p else callargs.members(group)
-            if is_p2p:
-                count = inst._posted(name, peer, tensor, group)
-            else:
-                count = -1
-                if threading.get_ident() != inst.main_thread:  # see work.threaded
-                    inst.flags |= FLAG_UNSURE
-                inst.seq += 1
-                if members is None:
-                    inst.world_seq += 1
-            inst.post("call", name, peer, nbytes, members)
-            local.depth = 1
-            start = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                local.depth = 0
-                end = time.perf_counter()
-                inst.post("running")
-            if count >= 0 and blocking:
-                inst.counts[count] += 1  # completed: counted after the board says "running"
-                count = -1
-            if name == "recv" and peer is None and isinstance(result, int):
-                peer = result  # receive from any source: now we know who sent
-            if inst.tracing:
-                bound = dict(zip(params, args))
-                bound.update(kwargs)
-            if callargs.is_work(result) and callargs.called_from_torch():
-                # torch's own code (DDP's Join support, for one) hands the request to C++,
-                # which takes only the real Work: record the call, return the request as is.
-                if inst.tracing:
-                    inst._event(name, peer, tensor, nbytes, start, end, group, bound).async_op = True
-                return result
-            if inst.tracing:
-                event = inst._event(name, peer, tensor, nbytes, start, end, group, bound)
-                if callargs.is_work(result):
-                    event.async_op = True
-                    return TracedWork(result, [event], inst, (name, peer, nbytes), count)
-            elif callargs.is_work(result) and inst._board is not None:
-                return TracedWork(result, [], inst, (name, peer, nbytes), count)
-            return result
-
-        wrapper.__name__ = fn.__name__
-        wrapper.__qualname__ = fn.__qualname__
-        wrapper.__doc__ = fn.__doc__
-        wrapper.__wrapped__ = fn
-        wrapper.__module__ = fn.__module__
-        return wrapper
-
-    def _batch(self, fn: Callable, ops: list) -> Any:
-        local = self._local
-        self.flags |= FLAG_UNSURE  # its requests are not counted: leave deadlocks to the timeout
-        labels = []
-        for op in ops:
-            kind = getattr(getattr(op, "op", None), "__name__", "isend")
-            labels.append((kind, op.peer, callargs.nbytes(op.tensor), op.tensor))
-        self.post("call", "batch_isend_irecv", labels[0][1] if labels else None, sum(n or 0 for _, _, n, _ in labels))
-        local.depth = 1
-        start = time.perf_counter()
-        try:
-            works = fn(ops)
-        finally:
-            local.depth = 0
-            end = time.perf_counter()
-            self.post("running")
-        if not self.tracing:
-            return works
-        events = [
-            self._event(kind, peer, tensor, nbytes, start, end, None, {}, batch=True)
-            for kind, peer, nbytes, tensor in labels
-        ]
-        for event in events:
-            event.async_op = True
-        if isinstance(works, list):
-            # One request may stand for the whole batch: each waits for all of its events.
-            return [TracedWork(w, events, self, ("wait", None, 0)) for w in works]
-        return works
-
-    def _event(
-        self, name: str, peer: Any, tensor: Any, nbytes: Any, start: float, end: float, group: Any, bound: dict, batch: bool = False
-    ) -> TraceEvent:
-        import torch
-
-        event = TraceEvent(
-            rank=self.rank, op=name, peer=peer, nbytes=nbytes, dtype=None, shape=None, start=start, end=end,
-            tag=bound.get("tag", 0) or 0, group=callargs.members_list(group), batch=batch,
-            seq=self.seq if name in COLLECTIVES else None,
-        )
-        if isinstance(tensor, torch.Tensor):
-            event.dtype = str(tensor.dtype).replace("torch.", "")
-            event.shape = tuple(tensor.shape)
-            try:
-                event.offset = tensor.storage_offset() * tensor.element_size()
-                event.base_nbytes = tensor.untyped_storage().nbytes()
-            except Exception:  # noqa: BLE001 - sparse or unusual tensors
-                pass
-        if "op" in bound and name in callargs.REDUCING:
-            event.reduce_op = str(bound["op"]).rsplit(".", 1)[-1]
-        self.events.append(event)
-        return event
+        self._set(DistributedDataParallel, "__init__",
+                  _refuser("torch.nn.parallel.DistributedDataParallel", reason, DDP), refusing=True)
 
     def take_events(self) -> list[TraceEvent]:
         events, self.events = self.events, []
         return events
 
 
-def _refuser(label: str, reason: str) -> Callable:
+def _refuser(label: str, reason: str, name: str) -> Callable:
+    """A stand-in for the call ``label`` that raises; ``name`` is the ``forbid`` entry that switched it off."""
+    family = family_of(name)
+
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ForbiddenCallError(label, reason)
+        raise ForbiddenCallError(label, reason, family, name)
 
     refuse.__name__ = label.rsplit(".", 1)[-1]
     return refuse

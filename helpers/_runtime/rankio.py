@@ -16,14 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 from . import wire as _wire
+from .diagnose import dump_complete
 from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result
 
 __all__ = ["RankIO", "RankState"]
-
-#: The last line of a rank's main-thread stack in a faulthandler dump: its outermost frame is
-#: the rank factory's `python -c` module (see helpers._runtime.factory).
-_DUMP_END = b'File "<string>", line'
-
 
 
 @dataclass
@@ -179,9 +175,10 @@ class RankIO:
     def dump_stacks(self, ranks: list[int], wait: float = 3.0) -> dict[int, str]:
         """Ask ranks for their Python stacks; returns rank -> faulthandler dump text.
 
-        The dumps usually arrive within milliseconds. ``wait`` is long because the signal
-        goes through the rank factory, which is deaf for a second or two while it does its
-        one idle warm-up import (helpers._runtime.factory_process); a shorter wait then found no stack.
+        The signal goes through the rank factory, which sends it at once even during its
+        warm-up import (seconds on a busy machine: :func:`helpers._runtime.factory_process._warm_up`),
+        and the dumps usually arrive within milliseconds. Waiting ends as soon as every dump
+        is whole; ``wait`` only bounds it for a rank too starved of CPU to write one.
         """
         ranks = [r for r in ranks if self.ranks[r].state != "exited"]
         if not ranks:
@@ -197,9 +194,7 @@ class RankIO:
             # learner's own frame, which comes after torch's.
             if self.ranks[r].state == "exited":
                 return True
-            text = self.ranks[r].diag[before[r]:]
-            end = text.rfind(_DUMP_END)
-            return end >= 0 and b"\n" in text[end:]
+            return dump_complete(bytes(self.ranks[r].diag[before[r]:]))
 
         while time.monotonic() < deadline and not all(complete(r) for r in ranks):
             self.poll(0.05)

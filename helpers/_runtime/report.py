@@ -6,26 +6,23 @@ into the notebook's exception, for launches and persistent ranks alike: the root
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
 died) when a rank failed, else the hang report (a :class:`~helpers.DeadlockError` when the
 ranks were found deadlocked before the timeout). :func:`kept_ranks_error` adds, for
-persistent ranks, what state the group is left in, and :func:`interrupted_launch` and
-:func:`interrupted_cell` word what the stop button ended.
+persistent ranks, what state the group is left in, :func:`unusable_rank_error` says why a
+rank cannot take the next request, and :func:`interrupted_launch`, :func:`interrupted_cell`
+and :func:`not_interrupted_note` word what the stop button ended. Decisions here read typed
+fields (the cause's class, the board's records, the hang's :class:`~helpers._runtime.diagnose.Finding`
+kinds), never the text of a message.
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 
 from . import diagnose
 from .deadlock import Deadlock
-from ..errors import (
-    DeadlockError,
-    Interrupted,
-    LaunchError,
-    LaunchTimeoutError,
-    RankFailedError,
-    relabel_traceback,
-    signal_name,
-)
+from ..errors import ClusterError, DeadlockError, Interrupted, LaunchError, LaunchTimeoutError, RankFailedError
 from .board import BoardRecord
+from .cells import relabel_traceback
 from .protocol import Death, Failure, Result
 
 __all__ = [
@@ -36,9 +33,12 @@ __all__ = [
     "death_error",
     "group_stopped_error",
     "kept_ranks_error",
+    "unusable_rank_error",
     "interrupted_launch",
     "interrupted_cell",
+    "not_interrupted_note",
     "stopped_ranks",
+    "signal_name",
     "hang_report",
     "earliest",
     "in_distributed_call",
@@ -185,6 +185,19 @@ def group_stopped_error(outcome: Outcome, live: list[int], world_size: int, time
     return outcome_error(outcome, world_size, timeout, what=what, note=note, stopped=stopped)
 
 
+#: The advice a hang report adds for each kind of finding that has one, in this order.
+_FIXES = {
+    diagnose.RECEIVE_FIRST: "Fix: let some ranks send first (for example even ranks send while odd ranks "
+                            "receive), or post the receives with irecv and wait after sending.",
+    diagnose.SEND_FIRST: "Fix: let some ranks receive first (for example even ranks send while odd ranks "
+                         "receive), or send with isend and wait after receiving.",
+    diagnose.CALLS_DISAGREE: "Fix: every rank must make the same collectives in the same order, with tensors of "
+                             "the same size and dtype. Compare what each rank passes, or set "
+                             "TORCH_DISTRIBUTED_DEBUG=DETAIL before the group is created: it checks every "
+                             "collective across ranks and names what differs.",
+}
+
+
 def hang_report(
     outcome: Outcome, world_size: int, timeout: float, what: str = "The ranks", recovery: str = ""
 ) -> LaunchTimeoutError:
@@ -196,7 +209,8 @@ def hang_report(
     busy = outcome.pending
     frames = {r: diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)) for r in busy}
     stacks = {r: diagnose.format_stack(frames[r]) for r in busy}
-    waiting, notes = diagnose.explain_hang(outcome.board, frames, busy, outcome.finished)
+    waiting, findings = diagnose.explain_hang(outcome.board, frames, busy, outcome.finished)
+    notes = [f.text for f in findings]
     finished = outcome.finished
     deadlock = outcome.deadlock
     if deadlock is not None:
@@ -214,25 +228,16 @@ def hang_report(
         lines.append(f"finished: rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}")
     if notes:
         lines += ["", *notes]
-    if any(diagnose.RECEIVE_FIRST in n for n in notes):
-        lines += ["Fix: let some ranks send first (for example even ranks send while odd ranks "
-                  "receive), or post the receives with irecv and wait after sending."]
-    if any(diagnose.SEND_FIRST in n for n in notes):
-        lines += ["Fix: let some ranks receive first (for example even ranks send while odd ranks "
-                  "receive), or send with isend and wait after receiving."]
-    if any(diagnose.CALLS_DISAGREE in n for n in notes):
-        lines += ["Fix: every rank must make the same collectives in the same order, with tensors of the "
-                  "same size and dtype. Compare what each rank passes, or set TORCH_DISTRIBUTED_DEBUG=DETAIL "
-                  "before the group is created: it checks every collective across ranks and names what differs."]
+    kinds = {f.kind for f in findings}
+    lines += [fix for kind, fix in _FIXES.items() if kind in kinds]
+    evidence = dict(timeout=timeout, stacks=stacks, waiting=waiting, finished=finished, notes=notes,
+                    findings=list(findings))
     if deadlock is not None:
         lines += ["", "Each rank's full stack is on the error's .stacks."]
-        return DeadlockError("\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished,
-                             notes=notes, seconds=deadlock.seconds, ranks=list(deadlock.ranks))
+        return DeadlockError("\n".join(lines), **evidence, seconds=deadlock.seconds, ranks=list(deadlock.ranks))
     lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
               "a larger timeout=."]
-    return LaunchTimeoutError(
-        "\n".join(lines), timeout=timeout, stacks=stacks, waiting=waiting, finished=finished, notes=notes
-    )
+    return LaunchTimeoutError("\n".join(lines), **evidence)
 
 
 def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadlocked: list[int], stuck: list[int],
@@ -258,7 +263,7 @@ def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadl
     if outcome.finished:
         extra.append(f"{ranks(outcome.finished)} finished this request.")
     if stuck:
-        board = {rec.rank: rec.phase for rec in outcome.board}
+        board = {rec.rank: rec for rec in outcome.board}
         waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),
                                     board.get(r)) for r in stuck]
         extra.append("Still blocked: " + "; ".join(waits) + ".")
@@ -290,3 +295,40 @@ def interrupted_cell(busy: list[int], stuck: list[int]) -> Interrupted:
     where = f"rank{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}" if busy else "no busy rank"
     still = f"; still blocked: {', '.join(map(str, stuck))} (run %dist_restart)" if stuck else ""
     return Interrupted(f"the cell was interrupted on {where}{still}.")
+
+
+def not_interrupted_note(stuck: list[int]) -> str:
+    """The note for persistent ranks an interrupt did not stop (blocked in a communication call)."""
+    return (f"Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not stop: blocked inside a "
+            "communication call, which cannot be interrupted. Run %dist_restart (or cluster.restart()) for a "
+            "fresh group.")
+
+
+def unusable_rank_error(rank: int, state: str, exitcode: int | None) -> ClusterError | None:
+    """Why a persistent rank cannot take a request (its ``state``: exited, busy), or None when it can.
+
+    >>> print(unusable_rank_error(1, "exited", -9))
+    rank 1 was killed by SIGKILL earlier, so the process group is broken. Run %dist_restart (or cluster.restart()) for a fresh group; variables on the ranks are lost.
+    """
+    if state == "exited":
+        how = (f"was killed by {signal_name(exitcode)}" if exitcode is not None and exitcode < 0
+               else f"exited with code {exitcode}")
+        return ClusterError(
+            f"rank {rank} {how} earlier, so the process group is broken. Run %dist_restart "
+            "(or cluster.restart()) for a fresh group; variables on the ranks are lost."
+        )
+    if state == "busy":
+        return ClusterError(
+            f"rank {rank} is still busy with an earlier request (probably blocked in a "
+            "communication call nobody answers). Run %dist_restart (or cluster.restart()) "
+            "for a fresh group, or target other ranks with --ranks."
+        )
+    return None
+
+
+def signal_name(code: int) -> str:
+    """``SIGKILL`` for an exit code of -9 (a process killed by a signal)."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"

@@ -1,0 +1,94 @@
+"""What the lesson grading tests (tests/test_grading_e2e_05.py to _08.py) share.
+
+Each of those modules declares what its learners hand in (``HANDED_IN``, lesson ->
+learner -> answer cells); tests/conftest.py grades every learner of the session in one
+class and gives each test its lesson as a :class:`GradedLesson` (the ``graded_lesson`` fixture).
+
+- :func:`variant`: the instructor's answer cell with a few lines changed, the way a
+  learner's realistic mistake differs from it; :func:`with_mistakes` hands the answer in
+  for ``amy`` and one variant for every other learner.
+- :class:`GradedLesson`: one lesson of the graded class: each learner's points per part,
+  their feedback page, and the run record's entries, with the checks the modules share.
+
+Example (reading no notebook)::
+
+    >>> lesson = GradedLesson(Path("course"), "06-ddp", ("amy",), {"test-ex6_1-broadcast": "broadcast"}, {"broadcast": 2})
+    >>> lesson.full_marks
+    2
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devtools import scratch
+
+__all__ = ["variant", "with_mistakes", "GradedLesson"]
+
+
+def variant(lesson: str, grade_id: str, *changes: tuple[str, str]) -> str:
+    """The instructor's source of cell ``grade_id`` with each ``(old, new)`` of ``changes`` replaced.
+
+    Raises AssertionError when the solution no longer contains an ``old``: the test's
+    mistakes then need updating, or the learner would hand in the right answer.
+    """
+    source = scratch.solution_source(lesson, grade_id)
+    for old, new in changes:
+        assert old in source, f"the solution of {lesson} ({grade_id}) no longer contains {old!r}: update this test's mistakes"
+        source = source.replace(old, new)
+    return source
+
+
+def with_mistakes(lesson: str, grade_id: str, mistakes: dict[str, tuple[tuple[str, str], ...]]) -> dict[str, dict[str, str]]:
+    """What each learner hands in: ``amy`` the instructor's answer, every learner of ``mistakes`` their :func:`variant`."""
+    return {"amy": {grade_id: scratch.solution_source(lesson, grade_id)},
+            **{who: {grade_id: variant(lesson, grade_id, *changes)} for who, changes in mistakes.items()}}
+
+
+@dataclass(frozen=True)
+class GradedLesson:
+    """One lesson of a graded course copy at ``root``, handed in by ``learners``: ``cells``
+    maps each graded cell's grade_id to its part, ``points`` each part to its points (see
+    :func:`devtools.scratch.layout`)."""
+
+    root: Path
+    lesson: str
+    learners: tuple[str, ...]
+    cells: dict[str, str]
+    points: dict[str, float]
+
+    @property
+    def full_marks(self) -> float:
+        """Every part's points added up."""
+        return sum(self.points.values())
+
+    def scores(self, student: str) -> dict[str, float]:
+        """The points ``student`` earned for each part."""
+        return scratch.scores(self.root, self.lesson, self.cells, student)
+
+    def feedback(self, student: str) -> str:
+        """The HTML feedback page ``student`` received."""
+        return scratch.feedback(self.root, self.lesson, student)
+
+    def check_feedback(self, student: str, *phrases: str) -> None:
+        """Assert that ``student``'s feedback page says every one of ``phrases``."""
+        text = self.feedback(student)
+        missing = [phrase for phrase in phrases if phrase not in text]
+        assert not missing, f"{student}'s feedback on {self.lesson} lacks {missing}; it reads:\n{text}"
+
+    def runs(self) -> dict[str, dict]:
+        """This lesson's entries of the grading run's record (autograder/grading-run.json), by student."""
+        record = json.loads((self.root / "autograder" / "grading-run.json").read_text())
+        return {run["student"]: run for run in record["submissions"] if run["lesson"] == self.lesson}
+
+    def check_every_learner_graded(self, full_marks_by: str = "amy") -> None:
+        """Assert that the run record holds exactly this lesson's learners, each graded without
+        an error, and that ``full_marks_by`` (who handed in the instructor's answer) scored every point."""
+        runs = self.runs()
+        assert set(runs) == set(self.learners)
+        assert all(run["status"] == "ok" for run in runs.values()), runs
+        assert runs[full_marks_by]["score"] == pytest.approx(self.full_marks)
