@@ -8,7 +8,9 @@ tensor are passed). A call then goes through these steps:
 1. **Switched off?** A call the exercise forbids raises
    :class:`~helpers.ForbiddenCallError` (:meth:`CallSite.refusal`).
 2. **Nested?** A call made while another wrapped call runs (``all_gather_object`` calls
-   ``all_gather``) is part of that call: it goes straight to torch, neither noted nor traced.
+   ``all_gather``; ``all_reduce`` calls ``ProcessGroup.allreduce``, which
+   :mod:`helpers._runtime.pgcalls` wraps) is part of that call: it goes straight to torch,
+   neither noted nor traced (:class:`Depth`, which every layer of wrappers reads).
 3. **On the board, before.** :meth:`CallSite.read` reads the peer, group, tensor and bytes;
    :func:`enter_p2p` counts a point-to-point message as posted, :func:`enter_collective`
    numbers a collective; then the board says "call" (:mod:`helpers._runtime.board`).
