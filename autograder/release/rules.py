@@ -17,6 +17,8 @@ DEFAULT_DIR = Path("dist") / "learner-course"
 KEPT_MODULES = (
     "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
     "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
+    "lessons/shardcheck",
+    "lessons/tpcheck", "lessons/pipecheck",
 )
 LESSON = re.compile(r"lesson\d{2}$")
 JUNK = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints)(/|$)|\.py[cod]$")
