@@ -207,7 +207,7 @@ def _op_call(inst: Any, site: FunctionalSite, original: Callable) -> Callable:
         finally:
             local.depth = 0
             end = perf_counter()
-            inst.post("running")
+            inst.running()
         events = _record(inst, site, args, kwargs, (peer, group, tensor, nbytes), start, end) if inst.tracing else []
         awaiting = inst.awaiting
         for out in result if isinstance(result, (list, tuple)) else [result]:
@@ -256,7 +256,7 @@ def _wait_call(inst: Any, original: Callable) -> Callable:
         finally:
             local.depth = 0
             ended = perf_counter()
-            inst.post("running")
+            inst.running()
             for event in events:
                 if event.wait_start is None:
                     event.wait_start = began

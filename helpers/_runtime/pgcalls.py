@@ -155,7 +155,7 @@ def wrap_method(inst: Any, cls: type, method: str, coalescing: Any = None) -> Ca
         finally:
             local.depth = 0
             end = perf_counter()
-            inst.post("running")
+            inst.running()
         if inst.tracing or is_work(result):
             return hand_back(inst, site, result, args, kwargs, (peer, pg, tensor, nbytes), -1, start, end)
         return result

@@ -140,7 +140,7 @@ def wrap(inst: Any, name: str, fn: Callable) -> Callable:
         finally:
             local.depth = 0
             end = perf_counter()
-            inst.post("running")
+            inst.running()
         if count >= 0 and blocking:
             inst.counts[count] += 1  # a blocking send or recv is done: counted after the board says "running"
             count = -1
@@ -263,7 +263,7 @@ def _batch(inst: Any, fn: Callable, ops: list) -> Any:
     finally:
         local.depth = 0
         end = time.perf_counter()
-        inst.post("running")
+        inst.running()
     if not inst.tracing:
         return works
     events = [record(inst, kind, peer, tensor, nbytes, start, end, None, {}, batch=True)
