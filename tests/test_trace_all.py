@@ -222,3 +222,27 @@ def test_pipelining_runs_under_the_wrappers_with_and_without_trace(schedule):
     assert totals["isend"]["calls"] == totals["irecv"]["calls"] == 8  # 4 activations forward, 4 gradients back
     assert totals["isend"]["bytes"] == 8 * 2 * 8 * 4
     assert all(e.via is None for e in traced.trace.events)
+
+
+#: ProcessGroup methods that move no data: asking about the group, making groups, stopping it.
+NOT_COMMUNICATION_METHODS = {"BackendType", "abort", "boxed", "unbox", "get_group_store", "merge_remote_group", "name",
+                             "rank", "size", "set_timeout", "shutdown", "split_group", "bound_device_id",
+                             "group_desc", "group_name", "use_pg_for_symm_mem_rendezvous", "options"}
+
+
+def test_every_public_process_group_method_is_watched_or_moves_no_data():
+    """Is every public method of the installed torch's ProcessGroup either wrapped (its direct calls traced, named
+    as the public call doing that work) or known to move no data, so that a collective a new torch adds is not
+    missed?"""
+    import torch.distributed as dist
+
+    from helpers._runtime.calls import KNOWN, PROCESS_GROUP_METHODS
+
+    methods = {n for n in vars(dist.ProcessGroup) if not n.startswith("_") and callable(getattr(dist.ProcessGroup, n))}
+    assert {"allreduce", "send", "barrier"} <= methods
+    unknown = sorted(methods - set(PROCESS_GROUP_METHODS) - NOT_COMMUNICATION_METHODS)
+    assert not unknown, (
+        f"torch {__import__('torch').__version__}'s ProcessGroup has methods the helpers neither wrap nor list as "
+        f"moving no data: {unknown}. Add each to PROCESS_GROUP_METHODS in helpers/_runtime/calls.py (with the public "
+        "call doing the same work), or to NOT_COMMUNICATION_METHODS here.")
+    assert all(op in KNOWN for op, _ in PROCESS_GROUP_METHODS.values())
