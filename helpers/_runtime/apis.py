@@ -38,6 +38,12 @@ from .calls import COURSE_RING, DDP, DTENSOR, FSDP, PIPELINING, ZERO, family_of
 
 __all__ = ["TARGETS", "ImportWatch", "switch_off", "refuser", "WATCH"]
 
+def _dtensor(module: str) -> tuple[tuple[str, str, str, str], ...]:
+    """DTensor's constructors in one module that exports them."""
+    return tuple((module, attribute, kind, f"{module}.{attribute}") for attribute, kind in (
+        ("distribute_tensor", "function"), ("distribute_module", "function"), ("DTensor.from_local", "static")))
+
+
 #: Per ``forbid`` name: (module, attribute, kind, label). ``label`` names the call in the error;
 #: for an ``"init"`` target ``{cls}`` in it is the class being built. ``"*"``: every name of
 #: the module's ``__all__``.
@@ -68,15 +74,10 @@ TARGETS: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("torch.distributed.device_mesh", "init_device_mesh", "function",
          "torch.distributed.device_mesh.init_device_mesh"),
         ("torch.distributed", "init_device_mesh", "function", "torch.distributed.init_device_mesh"),
-        ("torch.distributed.tensor", "distribute_tensor", "function", "torch.distributed.tensor.distribute_tensor"),
-        ("torch.distributed.tensor", "distribute_module", "function", "torch.distributed.tensor.distribute_module"),
-        ("torch.distributed.tensor", "DTensor.from_local", "static", "torch.distributed.tensor.DTensor.from_local"),
+        *_dtensor("torch.distributed.tensor"),
         ("torch.distributed.tensor.parallel", "parallelize_module", "function",
          "torch.distributed.tensor.parallel.parallelize_module"),
-        # torch 2.4's home of DTensor (an alias of torch.distributed.tensor from 2.5).
-        ("torch.distributed._tensor", "distribute_tensor", "function", "torch.distributed._tensor.distribute_tensor"),
-        ("torch.distributed._tensor", "distribute_module", "function", "torch.distributed._tensor.distribute_module"),
-        ("torch.distributed._tensor", "DTensor.from_local", "static", "torch.distributed._tensor.DTensor.from_local"),
+        *_dtensor("torch.distributed._tensor"),  # torch 2.4's home of DTensor (an alias from 2.5)
     ),
     PIPELINING: (
         ("torch.distributed.pipelining.stage", "_PipelineStageBase", "init", "torch.distributed.pipelining.{cls}"),
@@ -92,12 +93,9 @@ def refuser(label: str, reason: str, name: str, original: Any = None, init: bool
     the class being built. ``original`` is what it replaces (kept on ``__helpers_refuses__``)."""
     family = family_of(name)
 
-    if init:
-        def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
-            raise ForbiddenCallError(label.format(cls=type(self).__name__), reason, family, name)
-    else:
-        def refuse(*args: Any, **kwargs: Any) -> Any:
-            raise ForbiddenCallError(label, reason, family, name)
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        call = label.format(cls=type(args[0]).__name__) if init else label  # a constructor's first argument: self
+        raise ForbiddenCallError(call, reason, family, name)
 
     refuse.__name__ = "__init__" if init else label.rsplit(".", 1)[-1]
     refuse.__helpers_refuses__ = original

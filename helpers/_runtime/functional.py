@@ -41,7 +41,7 @@ from .apis import refuser
 from .board import FLAG_UNSURE
 from .calls import FUNCTIONAL_ENTRY_POINTS, FUNCTIONAL_OPS, KNOWN
 from .work import threaded
-from .wrapper import enter_collective, record
+from .wrapper import enter_below, record, timed
 
 __all__ = ["OpCall", "FunctionalSite", "wrap_functional", "refuse_functional"]
 
@@ -189,25 +189,14 @@ def wrap_functional(inst: Any) -> None:
 
 
 def _op_call(inst: Any, site: FunctionalSite, original: Callable) -> Callable:
-    local, perf_counter, name = inst._local, time.perf_counter, site.name
+    local, name = inst._local, site.name
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if local.depth or _tracing():
             return original(*args, **kwargs)
         peer, group, tensor, nbytes = site.read(args, kwargs)
-        if site.is_p2p:
-            inst.flags |= FLAG_UNSURE  # the message counts do not describe these
-            inst.post("call", name, peer, nbytes, None)
-        else:
-            enter_collective(inst, name, peer, tensor, group, nbytes)
-        local.depth = 1
-        start = perf_counter()
-        try:
-            result = original(*args, **kwargs)
-        finally:
-            local.depth = 0
-            end = perf_counter()
-            inst.running()
+        enter_below(inst, name, site.is_p2p, peer, tensor, group, nbytes)
+        result, start, end = timed(inst, original, args, kwargs)
         events = _record(inst, site, args, kwargs, (peer, group, tensor, nbytes), start, end) if inst.tracing else []
         awaiting = inst.awaiting
         for out in result if isinstance(result, (list, tuple)) else [result]:

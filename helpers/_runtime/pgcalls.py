@@ -26,13 +26,11 @@ Example (inside a rank, tracing)::
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, Callable
 
 from . import callargs
-from .board import FLAG_UNSURE
 from .calls import KNOWN, PROCESS_GROUP_METHODS
-from .wrapper import enter_collective, hand_back
+from .wrapper import enter_below, hand_back, timed
 
 __all__ = ["MethodSite", "wrap_process_group", "wrap_method"]
 
@@ -137,25 +135,14 @@ def wrap_method(inst: Any, cls: type, method: str, coalescing: Any = None) -> Ca
     original = getattr(cls, method)  # the function itself, which takes the group as its first argument
     site = MethodSite(method, cls.__name__)
     name, is_p2p = site.name, site.is_p2p
-    local, perf_counter, is_work = inst._local, time.perf_counter, callargs.is_work
+    local, is_work = inst._local, callargs.is_work
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
         if local.depth or (coalescing is not None and sys._getframe(1).f_code is coalescing):
             return original(pg, *args, **kwargs)
         peer, tensor, nbytes = site.read(pg, args, kwargs)
-        if is_p2p:
-            inst.flags |= FLAG_UNSURE  # the message counts cannot describe it
-            inst.post("call", name, peer, nbytes, None)
-        else:
-            enter_collective(inst, name, peer, tensor, pg, nbytes)
-        local.depth = 1
-        start = perf_counter()
-        try:
-            result = original(pg, *args, **kwargs)
-        finally:
-            local.depth = 0
-            end = perf_counter()
-            inst.running()
+        enter_below(inst, name, is_p2p, peer, tensor, pg, nbytes)
+        result, start, end = timed(inst, original, (pg, *args), kwargs)
         if inst.tracing or is_work(result):
             return hand_back(inst, site, result, args, kwargs, (peer, pg, tensor, nbytes), -1, start, end)
         return result

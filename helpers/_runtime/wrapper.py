@@ -51,7 +51,8 @@ from .calls import COLLECTIVES, KNOWN, POINT_TO_POINT, family_of
 from .protocol import TraceEvent
 from .work import TracedWork, threaded
 
-__all__ = ["CallSite", "Depth", "wrap", "wrap_batch", "enter_p2p", "enter_collective", "hand_back", "record"]
+__all__ = ["CallSite", "Depth", "wrap", "wrap_batch", "enter_p2p", "enter_collective", "enter_below", "timed",
+           "hand_back", "record"]
 
 _NOWHERE = 1 << 30  # the position of a parameter the function does not have: never in args
 
@@ -202,6 +203,32 @@ def enter_collective(inst: Any, name: str, peer: Any, tensor: Any, group: Any, n
         inst.world_seq += 1
     inst.post("call", name, peer, nbytes, members)
     return -1
+
+
+def enter_below(inst: Any, name: str, is_p2p: bool, peer: Any, tensor: Any, group: Any, nbytes: int | None) -> None:
+    """A call made below the public functions (a ProcessGroup method, a functional collective), on the board:
+    a collective numbered as :func:`enter_collective` numbers it; a point-to-point one marks the rank unsure
+    (its message counts do not describe it: deadlocks are left to the timeout), then "call"."""
+    if is_p2p:
+        inst.flags |= FLAG_UNSURE
+        inst.post("call", name, peer, nbytes, None)
+    else:
+        enter_collective(inst, name, peer, tensor, group, nbytes)
+
+
+def timed(inst: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, float, float]:
+    """``fn(*args, **kwargs)`` as a wrapped call runs it: what it calls is part of it (:class:`Depth`), and
+    the board says "running" once it returns. Returns ``(result, start, end)``."""
+    local = inst._local
+    local.depth = 1
+    start = time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        local.depth = 0
+        end = time.perf_counter()
+        inst.running()
+    return result, start, end
 
 
 def hand_back(inst: Any, site: CallSite, result: Any, args: tuple, kwargs: dict, read: tuple,
