@@ -23,7 +23,7 @@ from autograder.lessons.harness import CheckError, GradingFailure, course_frame
 from autograder.lessons.kit import Exercise, Part
 from autograder.lessons.pieces import by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.lessons.reference import chunk_bounds, ring_allreduce
-from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
+from helpers import APIS, COLLECTIVES, POINT_TO_POINT
 from helpers._runtime.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +93,8 @@ def test_declarations_are_complete(ex):
     for part in ex.parts:
         assert isinstance(part.points, int) and part.points > 0, (ex.label, part)
         assert part.name.isidentifier() and part.says.endswith("."), (ex.label, part.name)
-    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | {DDP, COURSE_RING}
+    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | set(APIS), sorted(
+        set(ex.forbid) - set(COLLECTIVES) - set(POINT_TO_POINT) - set(APIS))
     assert bool(ex.forbid) == bool(ex.forbid_reason)
 
 
