@@ -474,7 +474,7 @@ def test_9_1_accepts_a_hand_made_ring_and_refuses_torchs_own_sharding(factory):
     # the optimizers need, which on a loaded machine alone can outlast it (grading starts warm).
     launch(sharded_worker, 2, args=(_ANSWERS["_RingShardedOptimizer"], case, "warm-up"), timeout=120, output="quiet")
     ex.grade(_ANSWERS["_RingShardedOptimizer"], "traffic")
-    with pytest.raises(GradingFailure, match=r"sgd: rank 0 called a switched-off call on 1 rank.*ZeroRedundancyOptimizer is "
+    with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own ZeroRedundancyOptimizer on 1 rank.*ZeroRedundancyOptimizer is "
                                              r"switched off here: Exercise 9.1 asks you to build the sharded optimizer"):
         ex.grade(_ANSWERS["_WrapsZeroRedundancy"], "sgd")
     with pytest.raises(GradingFailure, match=r"fully_shard is switched off here"):
