@@ -23,7 +23,7 @@ from autograder.lessons.harness import CheckError, GradingFailure, course_frame
 from autograder.lessons.kit import Exercise, Part
 from autograder.lessons.pieces import by_world_size, call_learner, first_difference, plural, seeded_tensor
 from autograder.lessons.reference import chunk_bounds, ring_allreduce
-from helpers import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
+from helpers import APIS, COLLECTIVES, POINT_TO_POINT
 from helpers._runtime.protocol import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,12 +93,13 @@ def test_declarations_are_complete(ex):
     for part in ex.parts:
         assert isinstance(part.points, int) and part.points > 0, (ex.label, part)
         assert part.name.isidentifier() and part.says.endswith("."), (ex.label, part.name)
-    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | {DDP, COURSE_RING}
+    assert set(ex.forbid) <= set(COLLECTIVES) | set(POINT_TO_POINT) | set(APIS), sorted(
+        set(ex.forbid) - set(COLLECTIVES) - set(POINT_TO_POINT) - set(APIS))
     assert bool(ex.forbid) == bool(ex.forbid_reason)
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10, 7: 10, 8: 6)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10, 7: 10, 8: 6, 9: 10, 10: 19)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -117,6 +118,10 @@ def test_points_per_lesson_are_unchanged():
         "6.1": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
         "7.1": {"runs": 2, "same_result": 3, "rank_zero_only": 2, "clean_exit": 1, "any_topology": 2},
         "8.1": {"hang": 2, "wrong_result": 2, "crash": 2},
+        "9.1": {"sgd": 3, "adamw": 2, "state": 2, "traffic": 3},
+        "10.1": {"forward": 2, "backward": 2, "communication": 2, "shards": 1},
+        "10.2": {"gradients": 3, "messages": 2, "bubble": 3, "no_hang": 1},
+        "10.3": {"gradients": 1, "memory": 1, "bubble": 1},
     }
 
 
@@ -387,6 +392,97 @@ def test_a_star_shaped_sum_is_right_but_not_a_ring():
         ex.self_check(_star_sum)
 
 
+# Answers to Exercise 9.1 that the checks must judge, defined outside this module so that the ranks receive
+# them by value (cloudpickle) instead of importing this test file, whose imports would eat the checks' timeouts.
+_ANSWERS_9_1 = '''
+import torch
+import torch.distributed as dist
+
+
+class _RingShardedOptimizer:
+    """ZeRO-1 whose two exchanges are lesson 4's ring, by hand, with point-to-point calls only."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.params = list(params)
+        self.p, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(q.numel() for q in self.params)
+        self.shard = -(-self.numel // self.p)
+        mine = self._flatten([q.detach() for q in self.params])[self.rank * self.shard:(self.rank + 1) * self.shard]
+        self.local = torch.nn.Parameter(mine.clone())
+        self.optimizer = optimizer_cls([self.local], **kwargs)
+
+    def _flatten(self, tensors):
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.shard * self.p - self.numel))
+
+    def _ring(self, flat, add):
+        """p-1 steps: send a chunk right, receive one from the left (reduce-scatter when add, else all-gather)."""
+        right, left, n = (self.rank + 1) % self.p, (self.rank - 1) % self.p, self.shard
+        incoming = torch.empty(n, dtype=flat.dtype)
+        for step in range(self.p - 1):
+            send = (self.rank - step - (1 if add else 0)) % self.p
+            recv = (send - 1) % self.p
+            request = dist.isend(flat[send * n:(send + 1) * n].clone(), right)
+            dist.recv(incoming, left)
+            request.wait()
+            if add:
+                flat[recv * n:(recv + 1) * n] += incoming
+            else:
+                flat[recv * n:(recv + 1) * n] = incoming
+
+    @torch.no_grad()
+    def step(self):
+        flat = self._flatten([q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params])
+        mine = slice(self.rank * self.shard, (self.rank + 1) * self.shard)
+        self._ring(flat, add=True)                      # chunk `rank` now holds its sum over the ranks
+        self.local.grad = flat[mine] / self.p
+        self.optimizer.step()
+        flat[mine] = self.local.detach()
+        self._ring(flat, add=False)
+        offset = 0
+        for q in self.params:
+            q.copy_(flat[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+
+
+class _WrapsZeroRedundancy:
+    def __init__(self, params, optimizer_cls, **kwargs):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.opt = ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_cls, **kwargs)
+
+
+class _UsesFullyShard:
+    def __init__(self, params, optimizer_cls, **kwargs):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(torch.nn.Linear(2, 2))
+'''
+_ANSWERS = {"__name__": "lesson09_test_answers"}
+exec(compile(_ANSWERS_9_1, "<9.1 test answers>", "exec"), _ANSWERS)
+
+
+def test_9_1_accepts_a_hand_made_ring_and_refuses_torchs_own_sharding(factory):
+    """Does a ZeRO-1 whose exchanges are hand-made rings earn 9.1's traffic part, and do torch's ZeroRedundancyOptimizer and fully_shard raise with the exercise's reason?"""
+    from autograder.lessons.shardcheck import model_sizes, sharded_worker
+    from helpers import launch
+
+    ex = exercise("9.1")
+    vocab, width = model_sizes(1)
+    case = {"seed": 1, "vocab": vocab, "width": width, "dtype": "float32", "optimizer": "sgd", "steps": 1, "per_rank": 2}
+    # A first run without the checks' short timeout: a fresh test process's first ranks import what
+    # the optimizers need, which on a loaded machine alone can outlast it (grading starts warm).
+    launch(sharded_worker, 2, args=(_ANSWERS["_RingShardedOptimizer"], case), timeout=120, output="quiet")
+    ex.grade(_ANSWERS["_RingShardedOptimizer"], "traffic")
+    with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own ZeroRedundancyOptimizer on 1 rank.*"
+                                             r"ZeroRedundancyOptimizer is switched off here: Exercise 9.1 asks you to "
+                                             r"build the sharded optimizer"):
+        ex.grade(_ANSWERS["_WrapsZeroRedundancy"], "sgd")
+    with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own FSDP on 1 rank.*fully_shard is switched "
+                                             r"off here: Exercise 9.1 asks you to build the sharded optimizer"):
+        ex.grade(_ANSWERS["_UsesFullyShard"], "sgd")
+
+
 def test_a_missing_function_is_named():
     """Does grading something that is not a function ask for the function by name?"""
     with pytest.raises(GradingFailure, match="Exercise 2.1: define a function named `ring_sum`"):
@@ -430,7 +526,7 @@ def test_shared_pieces():
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
     "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
-    "lessons.registry", "lessons.ringcheck", "grading.verdicts")]
+    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""

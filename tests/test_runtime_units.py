@@ -112,6 +112,17 @@ def test_a_slot_holds_the_call_its_peer_size_group_counts_and_flags(board):
     assert diagnose.call_text(board.read()[2]) == "wait() on irecv(src=0)"
 
 
+def test_the_running_writer_writes_what_posting_running_writes(board):
+    """Does the short writer every wrapped call ends with leave the slot as writer(rank)("running", ...) would, with
+    the sequence numbers and flags it is given?"""
+    board.writer(0)("running", None, None, 7, None, None, 3, FLAG_UNSURE)
+    board.running_writer(1)(7, 3, FLAG_UNSURE)
+    first, second = board.read()[:2]
+    fields = ("phase", "call", "peer", "seq", "nbytes", "members", "world_seq", "unsure", "timed")
+    assert [getattr(second, f) for f in fields] == [getattr(first, f) for f in fields]
+    assert (second.phase, second.seq, second.world_seq, second.unsure) == ("running", 7, 3, True)
+
+
 def test_a_rank_attached_to_the_board_writes_what_the_notebook_reads(board):
     """Does a board attached by its file descriptor (as a rank does) know the world size, and are its slot and
     message counts what the creator reads, each rank's row apart?"""

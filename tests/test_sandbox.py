@@ -109,7 +109,7 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
         work.mkdir()
         argv = box.wrap([sys.executable, "-c", textwrap.dedent(f"""
             import json, os
-            print(json.dumps(sorted(os.listdir({str(package)!r}))))
+            print(json.dumps([sorted(os.listdir({str(package)!r})), sorted(os.listdir({str(package / "lessons")!r}))]))
         """)])
         journal.unlink()  # the race, on purpose: gone before bubblewrap binds anything
         work.rmdir()
@@ -121,9 +121,11 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
         if work.exists():
             work.rmdir()
     assert done.returncode == 0, done.stdout + done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert all(name.endswith(".py") or name == "__pycache__" for name in seen), seen
-    assert "kit.py" in seen and "reference.py" not in seen, seen
+    seen, lessons = json.loads(done.stdout.strip().splitlines()[-1])
+    packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    assert packages == ["course", "grading", "lessons", "release"], packages
+    assert all(name.endswith(".py") or name in ("__pycache__", *packages) for name in seen), seen
+    assert "kit.py" in lessons and "reference.py" not in lessons, lessons
 
 
 @needs_sandbox

@@ -130,3 +130,4 @@ def silent_ranks(
         if word:
             found.append((rank, word))
     return found
+

@@ -19,7 +19,8 @@ from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
-           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout"]
+           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout", "ShardedOptimizer",
+           "TensorParallelMLP", "gpipe_step", "one_f_one_b_step"]
 
 
 def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -225,3 +226,152 @@ class MiniDDP(torch.nn.Module):
                     p.grad.copy_(mean)
         self._started = []
         self._ready = [0] * len(self.buckets)
+
+
+# -- lesson 09 -----------------------------------------------------------------------------
+
+
+class ShardedOptimizer:
+    """Exercise 9.1: ZeRO-1. Each rank keeps optimizer state for its 1/p slice of the flattened parameters.
+
+    ``step()`` reduce-scatters the flattened gradients (each rank receives the mean of its
+    slice), steps the slice with ``optimizer_cls``, and all-gathers the updated slices into
+    every rank's parameters. The flat vector is padded to a multiple of the world size, since
+    a reduce-scatter gives every rank an equal share.
+    """
+
+    def __init__(self, params, optimizer_cls, **kwargs) -> None:
+        self.params = list(params)
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard = -(-self.numel // self.world_size)
+        flat = self._flatten([p.detach() for p in self.params])
+        mine = flat[self.rank * self.shard:(self.rank + 1) * self.shard]
+        self.local = torch.nn.Parameter(mine.clone())
+        self.optimizer = optimizer_cls([self.local], **kwargs)
+
+    def _flatten(self, tensors) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.shard * self.world_size - self.numel))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        grads = self._flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        mean = torch.empty_like(self.local)
+        reduce_scatter(mean, grads)
+        self.local.grad = mean.div_(self.world_size)
+        self.optimizer.step()
+        flat = torch.empty_like(grads)
+        all_gather(flat, self.local.detach())
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+# -- lesson 10 -----------------------------------------------------------------------------
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """f: the identity forward; backward sums the input's gradient over the ranks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """g: forward sums the ranks' partial outputs; backward is the identity."""
+
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class TensorParallelMLP(torch.nn.Module):
+    """Exercise 10.1: ``fc2(gelu(fc1(x)))`` with fc1 split by output features and fc2 by input features.
+
+    Rank r keeps rows r*k:(r+1)*k of fc1's weight and bias and the same columns of fc2's
+    weight (k = hidden / p); fc2's bias is kept whole on every rank and added once, after
+    the all-reduce. One all-reduce in forward (g) and one in backward (f, the input's gradient).
+    """
+
+    def __init__(self, fc1: torch.nn.Linear, fc2: torch.nn.Linear) -> None:
+        super().__init__()
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        k = fc1.out_features // world_size
+        mine = slice(rank * k, (rank + 1) * k)
+        self.w1 = torch.nn.Parameter(fc1.weight.detach()[mine].clone())
+        self.b1 = torch.nn.Parameter(fc1.bias.detach()[mine].clone())
+        self.w2 = torch.nn.Parameter(fc2.weight.detach()[:, mine].clone())
+        self.b2 = torch.nn.Parameter(fc2.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _CopyToTensorParallel.apply(x)
+        h = torch.nn.functional.gelu(torch.nn.functional.linear(x, self.w1, self.b1))
+        return _ReduceFromTensorParallel.apply(torch.nn.functional.linear(h, self.w2)) + self.b2
+
+
+def _pipeline_forward(stage, i: int, microbatch, requests: list) -> None:
+    inputs, targets = microbatch
+    x = inputs
+    if not stage.is_first:
+        x = torch.empty(stage.input_shape)
+        dist.recv(x, src=stage.prev_rank)
+    y = stage.forward(i, x, targets if stage.is_last else None)
+    if not stage.is_last:
+        requests.append((dist.isend(y, dst=stage.next_rank), y))
+
+
+def _pipeline_backward(stage, i: int, m: int, requests: list) -> None:
+    grad = 1.0 / m  # the step's loss is the mean of the m micro-batch losses
+    if not stage.is_last:
+        grad = torch.empty(stage.output_shape)
+        dist.recv(grad, src=stage.next_rank)
+    g = stage.backward(i, grad)
+    if not stage.is_first:
+        requests.append((dist.isend(g, dst=stage.prev_rank), g))
+
+
+def gpipe_step(stage, microbatches) -> None:
+    """Exercise 10.2: every micro-batch forward through the stages, then every one backward."""
+    m, requests = len(microbatches), []
+    for i, microbatch in enumerate(microbatches):
+        _pipeline_forward(stage, i, microbatch, requests)
+    for i in range(m):
+        _pipeline_backward(stage, i, m, requests)
+    for request, _ in requests:
+        request.wait()
+
+
+def one_f_one_b_step(stage, microbatches) -> None:
+    """Exercise 10.3: p - s - 1 forwards to fill the pipeline, then one forward and one backward in turn."""
+    m, requests = len(microbatches), []
+    warmup = min(stage.num_stages - stage.rank - 1, m)
+    for i in range(warmup):
+        _pipeline_forward(stage, i, microbatches[i], requests)
+    for i in range(m - warmup):
+        _pipeline_forward(stage, warmup + i, microbatches[warmup + i], requests)
+        _pipeline_backward(stage, i, m, requests)
+    for i in range(m - warmup, m):
+        _pipeline_backward(stage, i, m, requests)
+    for request, _ in requests:
+        request.wait()

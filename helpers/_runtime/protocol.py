@@ -331,11 +331,12 @@ class Death:
 
 @dataclass
 class TraceEvent:
-    """One torch.distributed call on one rank.
+    """One communication call on one rank: a torch.distributed function, or (``via``) a
+    ProcessGroup method called directly or a functional collective.
 
     ``start``/``end`` bound the call itself; for asynchronous calls (``isend``,
-    ``irecv``, ``async_op=True``) ``waited`` is when ``wait()`` returned, if it was
-    called. In a rank the times are ``time.perf_counter()`` values; in a
+    ``irecv``, ``async_op=True``, a functional collective) ``waited`` is when ``wait()``
+    (``wait_tensor`` for a functional collective) returned, if it was called. In a rank the times are ``time.perf_counter()`` values; in a
     :class:`~helpers.trace.Trace` they are seconds from the trace's first call.
     """
 
@@ -358,6 +359,10 @@ class TraceEvent:
     base_nbytes: int | None = None  # the size of that storage
     reduce_op: str | None = None
     note: str | None = None  # what made the call, where it was not the rank's own code ("DDP bucket 2")
+    # How the call was made, where it was not a torch.distributed function: "process_group" (a
+    # ProcessGroup method called directly; ``note`` names it) or "functional" (a functional
+    # collective, as DTensor makes; ``note`` names the op). ``op`` is always the public call doing that work.
+    via: str | None = None
 
     @property
     def done(self) -> float:

@@ -1,0 +1,199 @@
+"""Lesson 09's graded exercise: 9.1, ``ShardedOptimizer(params, optimizer_cls, **kwargs)`` (ZeRO-1 from collectives).
+
+The learner writes an optimizer wrapper that shards the optimizer state:
+
+- at construction, every rank takes the same list of parameters, flattens them (in
+  ``params`` order) into one vector of N elements, padded to a multiple of the world size
+  p, and keeps **its own slice** of ceil(N/p) elements; ``optimizer_cls(**kwargs)`` is built
+  over that slice alone, so the optimizer's state (momentum, Adam's moments) is 1/p of the
+  unsharded state;
+- ``step()`` reduce-scatters the flattened gradients so that each rank receives the mean over
+  the ranks of its own slice, steps its slice, and all-gathers the updated slices into
+  every rank's parameters.
+
+How the checks judge: everything runs in fresh rank processes, with data drawn at grading
+time, against one process that trains the same model on the whole batch with the unsharded
+optimizer. The model's head shares the embedding's weight (tied weights) and its parameter
+count divides by none of the world sizes tried. The calls each ``step()`` makes are counted
+from the ranks' trace (:mod:`helpers._runtime.instrument`), which sees every collective however
+it is made (a ``torch.distributed`` function, a ``ProcessGroup`` method, a functional
+collective) and the point-to-point calls of a hand-made ring alike. torch's own
+``ZeroRedundancyOptimizer`` and FSDP (``fully_shard``, ``FullyShardedDataParallel``) are
+switched off on the ranks (``forbid=(ZERO, FSDP)``); the collectives stay on, since the
+exercise is built from them.
+
+Hidden test cells and the visible self-check::
+
+    from autograder import exercise
+    exercise("9.1").grade(ShardedOptimizer, "sgd")     # "adamw", "state", "traffic"
+    exercise("9.1").self_check(ShardedOptimizer)
+
+Example (the instructor's answer passes)::
+
+    >>> from autograder.lessons.reference import ShardedOptimizer
+    >>> exercise_9_1.grade(ShardedOptimizer, "traffic")
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from helpers import FSDP, ZERO
+
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import plural
+from .shardcheck import OPTIMIZERS, SLACK, exchange_problem, model_sizes, sharded_worker
+
+__all__ = ["EXERCISES", "exercise_9_1", "TOLERANCE"]
+
+TIMEOUT = 15.0  # ten steps of a model of a few thousand parameters take well under a second
+STEPS = 10
+PER_RANK = 4
+#: How close the parameters must be to one process's after ten steps, by optimizer and dtype.
+#: Averaging over ranks adds the ranks' gradients in another order than one process does, so
+#: the last bits differ; SGD passes that difference on as it is, while Adam divides by the
+#: root of the second moment, which magnifies it where a gradient is near zero.
+TOLERANCE = {("sgd", "float32"): 1e-5, ("sgd", "float64"): 1e-12, ("adamw", "float32"): 1e-4}
+#: What a learner reads on calling torch's own ZeroRedundancyOptimizer or FSDP in the checks' ranks.
+REASON = ("Exercise 9.1 asks you to build the sharded optimizer yourself from collectives; torch's "
+          "ZeroRedundancyOptimizer and FSDP come later in the lesson.")
+
+
+def _case(kind: str, dtype: str = "float32", big: bool = False) -> dict[str, Any]:
+    seed = fresh_seed()
+    vocab, width = model_sizes(seed, big=big)
+    return {"seed": seed, "vocab": vocab, "width": width, "dtype": dtype, "optimizer": kind,
+            "steps": STEPS, "per_rank": PER_RANK}
+
+
+def _run(attempt: Attempt, world: int, case: dict) -> list[dict]:
+    name = OPTIMIZERS[case["optimizer"]][0]
+    context = (f"{case['steps']} steps of {name} in {case['dtype']}, a model with tied weights of "
+               f"{case['vocab'] * case['width'] + case['width'] ** 2 + case['width'] + case['vocab']} parameters")
+    return list(attempt.run(sharded_worker, world, (attempt.fn, case), timeout=TIMEOUT, context=context))
+
+
+def _where(world: int, case: dict, numel: int) -> str:
+    name = OPTIMIZERS[case["optimizer"]][0]
+    return f"on {plural(world, 'rank')}, {case['steps']} steps of {name} ({case['dtype']}, {numel} parameters, tied weights)"
+
+
+def _judge_params(attempt: Attempt, world: int, case: dict, replies: list[dict]) -> None:
+    """Every rank holds the same parameters, and they are one process's."""
+    import torch
+
+    names, numel = replies[0]["names"], replies[0]["numel"]
+    where = _where(world, case, numel)
+    for rank, reply in enumerate(replies[1:], start=1):
+        for name, mine, first in zip(names, reply["params"], replies[0]["params"]):
+            if not torch.equal(mine, first):
+                attempt.fail(f"{where}: after the steps, rank {rank}'s {name} differs from rank 0's (largest "
+                             f"difference {(mine - first).abs().max().item():.3g}). Each rank updates only its own "
+                             "shard: all-gather the updated shards into every rank's parameters at the end of step().")
+    tol = TOLERANCE[(case["optimizer"], case["dtype"])]
+    reference, summed = replies[0]["reference"], replies[0]["summed"]
+    for i, (name, got, want) in enumerate(zip(names, replies[0]["params"], reference)):
+        if torch.allclose(got, want, rtol=tol, atol=tol):
+            continue
+        hint = ""
+        if summed is not None and world > 1 and all(torch.allclose(g, s, rtol=tol, atol=tol)
+                                                      for g, s in zip(replies[0]["params"], summed)):
+            hint = (f" They are what gradients summed over the {world} ranks give: the reduce-scatter sums, so "
+                    "divide its result by the world size (or reduce with op=ReduceOp.AVG where the backend has it).")
+        elif all(torch.equal(g, r0) for g, r0 in zip(replies[0]["params"], _initial(case))):
+            hint = " The parameters never changed: step() must write the updated shards back into them."
+        attempt.fail(f"{where}: {name} differs from one process training on the whole batch with the unsharded "
+                     f"optimizer (tolerance {tol:g}).\n  expected {want.reshape(-1)[:4].tolist()}\n"
+                     f"  actual   {got.reshape(-1)[:4].tolist()}" + hint)
+
+
+def _initial(case: dict) -> list:
+    from .shardcheck import graded_model
+
+    return [p.detach() for p in graded_model(case["seed"], case["vocab"], case["width"], case["dtype"]).parameters()]
+
+
+def _sgd(attempt: Attempt, cases: tuple = ((1, "float32"), (2, "float64"), (3, "float32"), (4, "float32"))) -> None:
+    for world, dtype in cases:
+        case = _case("sgd", dtype)
+        _judge_params(attempt, world, case, _run(attempt, world, case))
+
+
+def _adamw(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
+    for world in worlds:
+        case = _case("adamw")
+        _judge_params(attempt, world, case, _run(attempt, world, case))
+
+
+def _state(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
+    for world in worlds:
+        case = _case("adamw", big=True)
+        case["steps"] = 2
+        replies = _run(attempt, world, case)
+        numel = replies[0]["numel"]
+        shard = math.ceil(numel / world)
+        allowed = 8 * shard + SLACK  # AdamW keeps two float32 moments per element it steps
+        where = _where(world, case, numel)
+        for rank, reply in enumerate(replies):
+            state = reply["state"]
+            if state["optimizers"] == 0:
+                attempt.fail(f"{where}: rank {rank}'s ShardedOptimizer holds no torch optimizer in its attributes; "
+                             "build optimizer_cls(**kwargs) over this rank's shard and keep it (self.optimizer = ...).")
+            if state["stepped"] > shard:
+                attempt.fail(f"{where}: rank {rank}'s optimizer steps {state['stepped']} elements, "
+                             f"{'the whole model' if state['stepped'] >= numel else 'more than its shard'}; each rank "
+                             f"should step only its shard of ceil(N/p) = {shard} elements and leave the rest to the "
+                             "rank that owns it.")
+            if state["state_bytes"] > allowed:
+                attempt.fail(f"{where}: rank {rank} holds {state['state_bytes']} bytes of optimizer state; the "
+                             f"unsharded state is {8 * numel} bytes (two float32 moments per parameter), and a rank's "
+                             f"share is at most 8 * ceil(N/p) = {8 * shard} bytes (+{SLACK} for step counters). The "
+                             "state is not sharded: give optimizer_cls only this rank's slice of the parameters.")
+
+
+def _traffic(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
+    for world in worlds:
+        case = _case("sgd")
+        case["steps"] = 2
+        replies = _run(attempt, world, case)
+        numel = replies[0]["numel"]
+        for rank, reply in enumerate(replies):
+            for step, calls in enumerate(reply["calls"]):
+                problem = exchange_problem(calls, numel, world)
+                if problem:
+                    made = ", ".join(f"{op} ({n} B)" for op, n, send in calls) or "no call"
+                    attempt.fail(f"on {plural(world, 'rank')} with {numel} float32 parameters, step {step + 1}, "
+                                 f"rank {rank}: {problem}\n  the calls step() made: {made}")
+
+
+def _self_check(attempt: Attempt) -> str:
+    _sgd(attempt, ((2, "float32"), (3, "float64")))
+    _adamw(attempt, (3,))
+    _state(attempt, (3,))
+    _traffic(attempt, (2, 3))
+    return ("Self-check passed on 2 and 3 ranks: ten steps of SGD with momentum and of AdamW leave every rank with "
+            "the parameters of one process using the unsharded optimizer (tied weights, a parameter count that does "
+            "not divide by the world size), each rank's optimizer holds only its shard's state, and each step makes "
+            "one reduce-scatter and one all-gather of the right sizes. The hidden tests also try 1 and 4 ranks.")
+
+
+exercise_9_1 = Exercise(
+    number="9.1",
+    function="ShardedOptimizer",
+    title="a sharded optimizer (ZeRO-1) from collectives",
+    parts=(
+        Part("sgd", 3, "ten steps of SGD with momentum equal one process with the unsharded optimizer, on 1 to 4 "
+                       "ranks.", _sgd),
+        Part("adamw", 2, f"ten steps of AdamW equal one process within {TOLERANCE[('adamw', 'float32')]:g}, tied "
+                         "weights, N not divisible by p.", _adamw),
+        Part("state", 2, "each rank's optimizer holds the state of at most ceil(N/p) elements.", _state),
+        Part("traffic", 3, "each step makes one reduce-scatter-shaped and one all-gather-shaped exchange of the "
+                           "right sizes.", _traffic),
+    ),
+    visible_check=_self_check,
+    forbid=(ZERO, FSDP),  # every collective stays on: the exercise is built from them
+    forbid_reason=REASON,
+)
+
+EXERCISES = (exercise_9_1,)

@@ -1,0 +1,217 @@
+"""Lesson 10's graded exercises: a tensor-parallel MLP, and pipeline schedules over send/recv.
+
+- 10.1 ``TensorParallelMLP(fc1, fc2)``: ``fc2(gelu(fc1(x)))`` over p ranks, fc1 split by output
+  features and fc2 by input features, fc2's bias whole on every rank and added once; one
+  all-reduce in forward (g) and one in backward (f), counted however they were made
+  (``dist.all_reduce``, a ``ProcessGroup`` method or a functional collective: the learner
+  places each one in their own f and g either way). Checked on 1, 2 and 4 ranks, float32 and
+  float64, against one process (:mod:`autograder.lessons.tpcheck`).
+- 10.2 ``gpipe_step(stage, microbatches)``: every micro-batch forward through the stages, then
+  every one backward, with point-to-point calls only; gradients against one process on the
+  whole batch, one message per micro-batch per direction, and the bubble read exactly from a
+  logical clock: (p - 1) / (m + p - 1) (:mod:`autograder.lessons.pipecheck`).
+- 10.3 (optional) ``one_f_one_b_step(stage, microbatches)``: the same step in the 1F1B order,
+  holding at most p - s micro-batches' activations on stage s, with the same bubble.
+
+How the checks judge: every run is on fresh ranks with layers and data drawn at grading time.
+10.1 runs with DTensor switched off (``forbid=DTENSOR``: DeviceMesh, DTensor and
+``parallelize_module``, which would place the all-reduces for the learner) and counts the
+calls of forward and of backward from the ranks' trace; 10.2 and 10.3 run with every
+collective (functional ones included, such as ``_functional_collectives.all_gather_tensor``)
+and ``torch.distributed.pipelining`` switched off (``forbid=COLLECTIVES + (PIPELINING,)``).
+
+Hidden test cells and the visible self-checks::
+
+    from autograder import exercise
+    exercise("10.1").grade(TensorParallelMLP, "forward")   # "backward", "communication", "shards"
+    exercise("10.2").grade(gpipe_step, "gradients")        # "messages", "bubble", "no_hang"
+    exercise("10.3").grade(one_f_one_b_step, "memory")     # "gradients", "bubble"
+    exercise("10.2").self_check(gpipe_step)
+
+Example (the instructor's answers pass)::
+
+    >>> from autograder.lessons.reference import TensorParallelMLP, gpipe_step
+    >>> exercise_10_1.grade(TensorParallelMLP, "communication")
+    >>> exercise_10_2.grade(gpipe_step, "bubble")
+"""
+
+from __future__ import annotations
+
+from helpers import COLLECTIVES, DTENSOR, PIPELINING
+
+from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import by_world_size
+from .pipecheck import judge_bubble, judge_gradients, judge_memory, judge_messages, pipeline_worker
+from .tpcheck import SIZES, judge_backward, judge_communication, judge_forward, judge_shards, mlp_worker
+
+__all__ = ["EXERCISES", "exercise_10_1", "exercise_10_2", "exercise_10_3"]
+
+TIMEOUT = 10.0  # a correct answer takes well under a second; the rest is room for a loaded machine
+NO_HANG_TIMEOUT = 6.0
+# Exercise 10.1: (world size, dtype).
+TP_CASES = ((1, "float64"), (2, "float64"), (2, "float32"), (4, "float64"))
+# Exercises 10.2 and 10.3: (stages, micro-batches).
+GPIPE_CASES = ((2, 1), (2, 4), (3, 3), (3, 5), (4, 3))
+ONE_F_ONE_B_CASES = ((2, 4), (3, 6), (4, 8))
+#: What a learner reads on calling what an exercise switches off in the checks' ranks.
+TP_REASON = ("Exercise 10.1 asks you to build tensor parallelism yourself, with the all-reduces in your own "
+             "autograd Functions f and g; DTensor, DeviceMesh and parallelize_module come right after it in the lesson")
+
+
+def _pipeline_reason(number: str) -> str:
+    return (f"Exercise {number} builds the pipeline schedule yourself and moves activations and gradients between "
+            "stages with send, recv, isend and irecv only; torch.distributed.pipelining comes right after it in the "
+            "lesson")
+
+#: Runs of the answer being graded, shared by its parts: the parts of an exercise read different
+#: things from the same run (a seed drawn at grading time, once per run), so grading one answer
+#: launches each case once instead of once per part. Only successful runs are kept, and only
+#: for one answer at a time.
+_RUNS: dict = {}
+
+
+def _shared_run(attempt: Attempt, worker, world: int, extra: tuple, **settings) -> list:
+    if _RUNS.get("answer") is not attempt.fn:
+        _RUNS.clear()
+        _RUNS["answer"] = attempt.fn
+    key = (worker.__name__, world, extra, tuple(sorted(attempt.exercise.forbidden(attempt.rules or attempt.part))))
+    if key not in _RUNS:
+        _RUNS[key] = list(attempt.run(worker, world, (attempt.fn, fresh_seed(), *extra), **settings))
+    return _RUNS[key]
+
+
+# -- Exercise 10.1 --------------------------------------------------------------------------
+
+
+def _tp_runs(attempt: Attempt, cases: tuple = TP_CASES, run: bool = True) -> list[tuple[int, str, list[dict]]]:
+    runs = []
+    for world, dtypes in by_world_size(cases):
+        for (dtype_name,) in dtypes:
+            replies = _shared_run(attempt, mlp_worker, world, (dtype_name, run), timeout=TIMEOUT,
+                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['d']}")
+            runs.append((world, dtype_name, replies))
+    return runs
+
+
+def _tp_part(judge):
+    def check(attempt: Attempt, cases: tuple = TP_CASES) -> None:
+        for world, dtype_name, replies in _tp_runs(attempt, cases, run=judge is not judge_shards):
+            judge(attempt, world, dtype_name, replies)
+
+    check.__name__ = f"_{judge.__name__.removeprefix('judge_')}"
+    return check
+
+
+_tp_forward, _tp_backward = _tp_part(judge_forward), _tp_part(judge_backward)
+_tp_communication, _tp_shards = _tp_part(judge_communication), _tp_part(judge_shards)
+
+
+def _tp_self_check(attempt: Attempt) -> str:
+    for world, dtype_name, replies in _tp_runs(attempt, ((2, "float64"),)):
+        for judge in (judge_shards, judge_forward, judge_backward, judge_communication):
+            judge(attempt, world, dtype_name, replies)
+    return ("Self-check passed on 2 ranks: each rank holds its half of fc1's rows, of fc2's columns and fc2's whole "
+            "bias; the output, the input's gradient and every shard's gradient equal one process; forward made one "
+            "all-reduce of the output and backward one of the input's gradient. The hidden tests also try 1 and 4 "
+            "ranks and float32.")
+
+
+exercise_10_1 = Exercise(
+    number="10.1",
+    function="TensorParallelMLP",
+    title="a tensor-parallel MLP from collectives",
+    parts=(
+        Part("forward", 2, "every rank's output equals one process running the whole MLP, on 1, 2 and 4 ranks.",
+             _tp_forward),
+        Part("backward", 2, "the input's gradient and every shard's gradient equal the matching slice of one process's.",
+             _tp_backward),
+        Part("communication", 2, "exactly one all-reduce in forward and one in backward, each the size of the output.",
+             _tp_communication),
+        Part("shards", 1, "rank r holds block r of fc1's rows and of fc2's columns, fc2's bias whole: 1/p of each "
+             "weight.", _tp_shards),
+    ),
+    visible_check=_tp_self_check,
+    forbid=(DTENSOR,),  # dist.all_reduce stays on: f and g are made of it
+    forbid_reason=TP_REASON,
+    hints={"RuntimeError": "If it is about shapes that cannot be multiplied, check the dimension you split: "
+                           "nn.Linear keeps its weight as (out_features, in_features), so fc1's output features "
+                           "are its weight's rows and fc2's input features its weight's columns."},
+)
+
+
+# -- Exercises 10.2 and 10.3 -------------------------------------------------------------------
+
+
+def _pipeline(attempt: Attempt, p: int, m: int, timeout: float = TIMEOUT) -> list[dict]:
+    return _shared_run(attempt, pipeline_worker, p, (m,), timeout=timeout, trace=True,
+                       context=f"{m} micro-batch{'es' if m != 1 else ''} of 3 rows")
+
+
+def _pipeline_part(judge, cases: tuple, **options):
+    def check(attempt: Attempt, cases: tuple = cases) -> None:
+        for p, m in cases:
+            judge(attempt, p, m, _pipeline(attempt, p, m), **options)
+
+    check.__name__ = f"_{judge.__name__.removeprefix('judge_')}"
+    return check
+
+
+def _gpipe_no_hang(attempt: Attempt) -> None:
+    seed = fresh_seed()
+    for p in (2, 3, 4):  # a run of its own, with its own time limit
+        attempt.run(pipeline_worker, p, (attempt.fn, seed, 8), timeout=NO_HANG_TIMEOUT, trace=True,
+                    context="8 micro-batches of 3 rows")
+
+
+def _pipeline_self_check(name: str, cases: tuple, judges: tuple):
+    def check(attempt: Attempt) -> str:
+        for p, m in cases:
+            replies = _pipeline(attempt, p, m)
+            for judge in judges:
+                judge(attempt, p, m, replies, **({"schedule_name": name} if judge is judge_bubble else {}))
+        shown = ", ".join(f"{p} stages x {m} micro-batches" for p, m in cases)
+        return (f"Self-check passed ({shown}): the gradients equal one process on the whole batch, "
+                + ("each stage sent one message per micro-batch to each neighbour, " if judge_messages in judges else
+                   "no stage held more activations than 1F1B allows, ")
+                + f"and the logical clock gives {name}'s bubble, (p - 1) / (m + p - 1). The hidden tests try "
+                "other numbers of stages and micro-batches.")
+
+    return check
+
+
+exercise_10_2 = Exercise(
+    number="10.2",
+    function="gpipe_step",
+    title="a GPipe schedule over send and recv",
+    parts=(
+        Part("gradients", 3, "every stage's gradients equal one process on the whole batch (2-4 stages, 1-5 "
+             "micro-batches).", _pipeline_part(judge_gradients, GPIPE_CASES)),
+        Part("messages", 2, "each stage sends one message per micro-batch to each neighbour, of one micro-batch's "
+             "size, and nothing else.", _pipeline_part(judge_messages, GPIPE_CASES)),
+        Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1).",
+             _pipeline_part(judge_bubble, GPIPE_CASES)),
+        Part("no_hang", 1, "finishes promptly with 2, 3 and 4 stages and 8 micro-batches.", _gpipe_no_hang),
+    ),
+    visible_check=_pipeline_self_check("GPipe", ((3, 4),), (judge_gradients, judge_messages, judge_bubble)),
+    forbid=COLLECTIVES + (PIPELINING,),
+    forbid_reason=_pipeline_reason("10.2"),
+)
+
+exercise_10_3 = Exercise(
+    number="10.3",
+    function="one_f_one_b_step",
+    title="(optional) a 1F1B schedule",
+    parts=(
+        Part("gradients", 1, "every stage's gradients equal one process on the whole batch (2-4 stages).",
+             _pipeline_part(judge_gradients, ONE_F_ONE_B_CASES)),
+        Part("memory", 1, "stage s never holds more than p - s micro-batches' activations.",
+             _pipeline_part(judge_memory, ONE_F_ONE_B_CASES)),
+        Part("bubble", 1, "the logical clock's bubble is still (p - 1) / (m + p - 1).",
+             _pipeline_part(judge_bubble, ONE_F_ONE_B_CASES, schedule_name="1F1B")),
+    ),
+    visible_check=_pipeline_self_check("1F1B", ((3, 6),), (judge_gradients, judge_memory, judge_bubble)),
+    forbid=COLLECTIVES + (PIPELINING,),
+    forbid_reason=_pipeline_reason("10.3"),
+)
+
+EXERCISES = (exercise_10_1, exercise_10_2, exercise_10_3)

@@ -1,0 +1,246 @@
+"""Checks of a sharded optimizer (lesson 09): the graded model and data, what runs on the ranks, the traffic rule.
+
+- :func:`graded_model` and :func:`graded_batch`: a small language model whose output head
+  shares the embedding's weight (tied weights), and its batches, the same on every process for
+  one seed; :func:`model_sizes` picks its widths so that the parameter count divides by none
+  of the world sizes tried;
+- :func:`reference_params`: one process on the whole batch with the unsharded optimizer (and,
+  to name a mistake, the same with the gradients summed over the ranks instead of averaged);
+- :func:`sharded_worker` (on the ranks): ``steps`` steps through the learner's
+  ``ShardedOptimizer``; returns the parameters, the calls each ``step()`` made, and the
+  optimizer state it holds (torch's own ZeroRedundancyOptimizer and FSDP are switched off by
+  the exercise's ``forbid``, in :mod:`autograder.lessons.lesson09`);
+- :func:`exchange_problem`: the traffic rule of ZeRO-1, one reduce-scatter-shaped and one
+  all-gather-shaped exchange per step, made with the built-in collectives or by hand.
+
+The exercise and its parts are declared in :mod:`autograder.lessons.lesson09`; this module
+ships to learners with it (the self-check uses it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+__all__ = ["OPTIMIZERS", "SLACK", "graded_model", "graded_batch", "model_sizes", "reference_params",
+           "sharded_worker", "optimizer_state", "exchange_problem", "REDUCE_SCATTERS", "ALL_GATHERS"]
+
+#: The optimizers tried, with their settings: (torch.optim class name, keyword arguments).
+OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1, "momentum": 0.9}),
+              "adamw": ("AdamW", {"lr": 0.01, "weight_decay": 0.1})}
+SLACK = 256  # bytes of optimizer state a rank may hold beyond its shard's (step counters and the like)
+#: The collectives that are a reduce-scatter or an all-gather of one flat tensor, under every name torch gave them.
+REDUCE_SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter")
+ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor", "_all_gather_base", "all_gather")
+_HARMLESS = ("barrier", "monitored_barrier")
+
+
+def model_sizes(seed: int, worlds: tuple[int, ...] = (2, 3, 4), big: bool = False) -> tuple[int, int]:
+    """``(vocab, width)`` for ``seed``: the model's parameter count is divisible by none of ``worlds``.
+
+    >>> vocab, width = model_sizes(7)
+    >>> n = vocab * width + width * width + width + vocab
+    >>> [n % p for p in (2, 3, 4)].count(0)
+    0
+    """
+    import random
+
+    pick = random.Random(seed)
+    while True:
+        vocab, width = (pick.randint(90, 130), pick.randint(20, 28)) if big else (pick.randint(9, 19), pick.randint(4, 8))
+        n = vocab * width + width * width + width + vocab
+        if all(n % p for p in worlds):
+            return vocab, width
+
+
+def graded_model(seed: int, vocab: int, width: int, dtype_name: str = "float32"):
+    """Embedding -> tanh(Linear) -> a head whose weight *is* the embedding's (one parameter, used twice)."""
+    import torch
+    import torch.nn as nn
+
+    class TiedNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.hidden = nn.Linear(width, width)
+            self.head = nn.Linear(width, vocab)
+            self.head.weight = self.embed.weight  # tied: model.parameters() lists it once
+
+        def forward(self, tokens):
+            return self.head(torch.tanh(self.hidden(self.embed(tokens))))
+
+    torch.manual_seed(seed)
+    return TiedNet().to(getattr(torch, dtype_name))
+
+
+def graded_batch(seed: int, step: int, size: int, vocab: int):
+    """The whole batch of ``step``: ``size`` input tokens and their targets."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 100 + step)
+    return torch.randint(0, vocab, (size,), generator=g), torch.randint(0, vocab, (size,), generator=g)
+
+
+def _optimizer(kind: str):
+    import torch
+
+    name, kwargs = OPTIMIZERS[kind]
+    return getattr(torch.optim, name), dict(kwargs)
+
+
+def reference_params(case: dict, world_size: int, summed: bool = False) -> list:
+    """The parameters after ``case["steps"]`` steps of the unsharded optimizer, in one process.
+
+    Every step takes the mean loss over the whole batch: the mean of the ranks' mean losses,
+    since each rank gets an equal slice. ``summed`` multiplies the loss by ``world_size``,
+    which is what a sharded optimizer that sums the ranks' gradients instead of averaging
+    them computes.
+    """
+    import torch.nn.functional as F
+
+    model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
+    cls, kwargs = _optimizer(case["optimizer"])
+    opt = cls(model.parameters(), **kwargs)
+    for step in range(case["steps"]):
+        x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        (loss * world_size if summed else loss).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
+    """Bytes of state, and elements stepped, of every torch optimizer reachable from ``root``'s attributes.
+
+    Looks through attributes, lists, tuples and dicts, ``depth`` levels down; ``root`` itself
+    counts when it is an optimizer. Returns ``{"optimizers": n, "state_bytes": b, "stepped": elements}``.
+    """
+    import torch
+
+    found: dict[int, torch.optim.Optimizer] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, level: int) -> None:
+        if id(obj) in seen or level < 0 or isinstance(obj, (torch.Tensor, str, bytes, int, float)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.optim.Optimizer):
+            found[id(obj)] = obj
+        if isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            children = list(obj)
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+        for child in children:
+            walk(child, level - 1)
+
+    walk(root, depth)
+    state_bytes = stepped = 0
+    for opt in found.values():
+        for values in opt.state.values():
+            for value in values.values() if isinstance(values, dict) else ():
+                if isinstance(value, torch.Tensor):
+                    state_bytes += value.numel() * value.element_size()
+        stepped += sum(p.numel() for group in opt.param_groups for p in group["params"])
+    return {"optimizers": len(found), "state_bytes": state_bytes, "stepped": stepped}
+
+
+def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dict[str, Any]:
+    """``case["steps"]`` steps through the learner's ``cls(model.parameters(), optimizer, **kwargs)``.
+
+    Each rank trains on its own equal slice of every batch; the check clears the gradients
+    itself (``model.zero_grad(set_to_none=True)``) and calls ``step()``. Returns the
+    parameters, each step's calls as ``(op, bytes, is_send)`` (every collective the trace
+    sees, however it was made, and the point-to-point calls of a hand-made ring), what the
+    optimizer holds (:func:`optimizer_state`), and on rank 0 the one-process references.
+    """
+    import torch.nn.functional as F
+
+    from helpers._runtime.instrument import current
+
+    inst = current()
+    tracing = inst.tracing if inst is not None else False
+    calls: list[list[tuple]] = []
+    model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
+    optimizer, kwargs = _optimizer(case["optimizer"])
+    opt = cls(model.parameters(), optimizer, **kwargs)
+    if inst is not None:
+        inst.tracing = True  # record each step's calls as events, read back below
+    try:
+        for step in range(case["steps"]):
+            x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
+            mine = slice(rank * case["per_rank"], (rank + 1) * case["per_rank"])
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            if inst is not None:
+                inst.take_events()
+            opt.step()
+            events = inst.take_events() if inst is not None else []
+            calls.append([(e.op, e.nbytes or 0, e.is_send) for e in events if not e.is_recv])
+    finally:
+        if inst is not None:
+            inst.tracing = tracing
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "names": [name for name, _ in model.named_parameters()],
+        "numel": sum(p.numel() for p in model.parameters()),
+        "calls": calls,
+        "state": optimizer_state(opt),
+        "reference": reference_params(case, world_size) if rank == 0 else None,
+        "summed": reference_params(case, world_size, summed=True) if rank == 0 and case["optimizer"] == "sgd" else None,
+    }
+
+
+def _sizes(numel: int, world: int, itemsize: int) -> str:
+    shard = math.ceil(numel / world)
+    return (f"{numel} elements, padded to p * ceil(N/p) = {world} * {shard} = {world * shard} "
+            f"({world * shard * itemsize} bytes), a shard of {shard} elements ({shard * itemsize} bytes)")
+
+
+def exchange_problem(calls: list[tuple], numel: int, world: int, itemsize: int = 4) -> str | None:
+    """What is wrong with one ``step()``'s calls on one rank, or None when they are ZeRO-1's exchange.
+
+    The rule: exactly one reduce-scatter-shaped exchange of the flattened gradients and one
+    all-gather-shaped exchange of the updated shards. A built-in reduce-scatter takes the
+    whole (padded) flat tensor, a built-in all-gather gives one shard of at most ceil(N/p)
+    elements; an exchange made by hand (lesson 4's ring) is p-1 sends of at most a shard
+    each. So any correct way of doing it passes: built-in, by hand, or one of each.
+
+    >>> exchange_problem([("reduce_scatter_single", 48, False), ("all_gather_single", 16, False)], 10, 3) is None
+    True
+    >>> exchange_problem([("all_reduce", 40, False), ("all_gather_single", 16, False)], 10, 3)[:40]
+    'step() called all_reduce (40 bytes): an '
+    """
+    shard = math.ceil(numel / world)
+    what = _sizes(numel, world, itemsize)
+    others = [(op, n) for op, n, send in calls if not send and op not in REDUCE_SCATTERS + ALL_GATHERS + _HARMLESS]
+    if others:
+        op, n = others[0]
+        why = {"all_reduce": "an all-reduce gives every rank the whole sum, though a rank steps only its shard: it "
+                             "moves twice the bytes of the reduce-scatter that gives each rank just its shard's sum",
+               "broadcast": "broadcasting each shard from its owner takes p broadcasts; one all-gather of the "
+                            "updated shards does it in one exchange"}.get(op, "ZeRO-1 needs only a reduce-scatter "
+                                                                             "and an all-gather")
+        return f"step() called {op} ({n} bytes): {why}."
+    rs = [n for op, n, send in calls if not send and op in REDUCE_SCATTERS]
+    ag = [n for op, n, send in calls if not send and op in ALL_GATHERS]
+    sends = [n for op, n, send in calls if send]
+    if len(rs) > 1 or len(ag) > 1:
+        return (f"step() made {len(rs)} reduce-scatters and {len(ag)} all-gathers; flatten every gradient into one "
+                "tensor (and every shard into one) so each step makes exactly one of each, whatever the number of "
+                "parameters.")
+    wanted = (2 - len(rs) - len(ag)) * (world - 1)
+    if len(sends) != wanted:
+        return (f"step() made {len(rs)} reduce-scatter(s), {len(ag)} all-gather(s) and {len(sends)} point-to-point "
+                f"send(s); ZeRO-1 makes one reduce-scatter of the flattened gradients and one all-gather of the "
+                f"updated shards per step (by hand: p-1 = {world - 1} sends of one shard each for each of the two).")
+    if rs and not numel * itemsize <= rs[0] <= world * shard * itemsize:
+        return f"the reduce-scatter took {rs[0]} bytes; the flattened gradients are {what}."
+    if ag and not (ag[0] <= shard * itemsize and ag[0] * world >= numel * itemsize):
+        return f"the all-gather sent {ag[0]} bytes from this rank; the parameters are {what}, and each rank sends its shard."
+    big = [n for n in sends if n > shard * itemsize]
+    if big:
+        return f"a send carried {big[0]} bytes, more than one shard; the parameters are {what}."
+    return None
