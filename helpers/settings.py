@@ -159,7 +159,9 @@ class LaunchSettings:
         "Simulate this many hosts of world_size // nnodes ranks each, so that LOCAL_RANK and GROUP_RANK "
         "differ from RANK the way they do on a cluster."))
     timeout: float | None = setting(None, used_by=("launch", "cluster", "cell"), check=_seconds, text=float, help=(
-        "Seconds a request may run. After that every rank's stack is shown, the ranks are stopped (persistent "
+        "Seconds a request may run, counted from the moment every rank has started it (set up, joined the process "
+        "group, loaded the function and the modules it imports: start-up has its own limit, a minute or timeout if "
+        "longer, and its own report). After that every rank's stack is shown, the ranks are stopped (persistent "
         "ranks: interrupted) and LaunchTimeoutError says where each waited. None: 60 s, or 10 s while nbgrader "
         "executes the notebook (NBGRADER_EXECUTION is set), so that a deadlock costs seconds, not the class's "
         "grading time."))

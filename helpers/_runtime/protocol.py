@@ -9,7 +9,7 @@ framed by :mod:`helpers._runtime.wire` (ranks) or sent as one packet (factory):
 - factory requests :class:`Spawn`, :class:`Signal`, :class:`Stop`, and the factory's
   events :class:`Hello`, :class:`Fatal`, :class:`Spawned`, :class:`Exited`;
 - requests, notebook -> rank: :class:`Call`, :class:`Exec`, :class:`Push`, :class:`Pull`;
-- replies, rank -> notebook: :class:`Ready`, :class:`Result`, :class:`Failure`; and
+- replies, rank -> notebook: :class:`Ready`, :class:`Started`, :class:`Result`, :class:`Failure`; and
   :class:`Death`, which the notebook makes from the factory's :class:`Exited` when a
   rank ends while something still waited for it;
 - :class:`RankException`: an exception raised in a rank, captured there
@@ -55,6 +55,7 @@ __all__ = [
     "Pull",
     "Request",
     "Ready",
+    "Started",
     "Result",
     "Failure",
     "Death",
@@ -218,6 +219,16 @@ class Ready:
     main_thread: int
 
 
+@dataclass(frozen=True)
+class Started:
+    """The rank has loaded request ``id`` (unpickled the function and its arguments, which
+    imports the modules they use) and now runs the learner's code: start-up is over, and
+    the request's timeout counts from the moment every rank asked has sent this."""
+
+    rank: int
+    id: int
+
+
 @dataclass
 class Result:
     """A request finished. ``data`` is the cloudpickled value (None if it could not be
@@ -254,7 +265,7 @@ class RankException:
     frames: list[Frame]
     pickled: bytes | None  # the exception itself, when it could be pickled
     time: float
-    phase: str = "run"  # "init": while joining the process group
+    phase: str = "run"  # "init": while joining the process group; "load": while loading a request
 
     @classmethod
     def capture(cls, exc: BaseException, skip_file: str | None = None, phase: str = "run") -> "RankException":
