@@ -11,6 +11,8 @@
 #   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
 #   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
+#   RELEASE_ARGS extra arguments for the release, e.g. --allow-colab-placeholder for a draft
+#               built before REPOSITORY (autograder/course/colab.py) is set
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -99,15 +101,21 @@ course: venv
 	$(VENV_PY) -m autograder build
 
 # Instructor: autograde a folder of <student>/<lesson>/<lesson>.ipynb, with feedback, CSV and
-# the class summary. JOBS submissions at a time (default: one per core), each in a bubblewrap
-# sandbox; NO_SANDBOX=1 grades without it (learners' code then runs with your rights).
-# ONLY_UNGRADED=1 grades only what has no grade yet (never graded, or failed last time).
+# the class summary, on Dask workers: JOBS worker processes on this machine (default: one per
+# core), or SCHEDULER=tcp://host:8786 (a running Dask cluster's workers), or SLURM=1 (or
+# SLURM=jobs=4,cores=8,partition=NAME,...: workers as SLURM jobs; DRY_RUN=1 prints the job
+# script). Each submission runs in a bubblewrap sandbox; NO_SANDBOX=1 grades without it
+# (learners' code then runs with your rights). ONLY_UNGRADED=1 grades only what has no grade
+# yet (never graded, failed last time, or left by Ctrl-C).
 JOBS          ?=
+SCHEDULER     ?=
+SLURM         ?=
+DRY_RUN       ?=
 NO_SANDBOX    ?=
 ONLY_UNGRADED ?=
 grade: venv
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N] [NO_SANDBOX=1] [ONLY_UNGRADED=1]" >&2; exit 2; }
-	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox) $(if $(filter 1 yes true,$(ONLY_UNGRADED)),--only-ungraded)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N | SCHEDULER=tcp://host:8786 | SLURM=1|key=value,... [DRY_RUN=1]] [NO_SANDBOX=1] [ONLY_UNGRADED=1]" >&2; exit 2; }
+	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(SLURM),--slurm $(filter-out 1 yes true,$(SLURM))) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox) $(if $(filter 1 yes true,$(ONLY_UNGRADED)),--only-ungraded)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv
@@ -117,9 +125,10 @@ instructor: venv
 # Instructor: the learner distribution (course/, helpers, self-checks; no solutions or hidden
 # tests) as a folder to publish as its own repository, and RELEASE_DIR.tar.gz next to it.
 RELEASE_DIR ?= dist/learner-course
+RELEASE_ARGS ?=
 
 release: venv
-	$(VENV_PY) -m autograder release $(RELEASE_DIR)
+	$(VENV_PY) -m autograder release $(RELEASE_ARGS) $(RELEASE_DIR)
 
 clean-venv:
 	rm -rf $(VENV)

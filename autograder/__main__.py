@@ -2,13 +2,20 @@
 
   build [LESSON..] regenerate course/ from solutions/ (same as `make course`)
   check            fail if course/ is out of date with solutions/
-  grade FOLDER [--jobs N] [--no-sandbox]
-                   autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER, N at a
-                   time, each in a bubblewrap sandbox, re-graded in a clean process; write
-                   feedback to autograder/feedback/, grades to autograder/grades.csv and
-                   the class summary to autograder/class-summary.csv and .html
-  release [DIR]    build the learner distribution (course, helpers, self-checks; no answers,
-                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz
+  grade FOLDER [--jobs N | --scheduler tcp://HOST:8786 | --slurm [KEY=VALUE,...] [--dry-run]]
+        [--no-sandbox] [--only-ungraded]
+                   autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER on Dask
+                   workers: N processes here (default: one per core), a running Dask
+                   cluster's, or SLURM jobs' (jobs=, cores=, memory=, walltime=, partition=,
+                   account=, directive=; --dry-run prints the job script); each in a
+                   bubblewrap sandbox, re-graded in a clean process; write feedback to
+                   autograder/feedback/, grades to autograder/grades.csv and the class
+                   summary to autograder/class-summary.csv and .html
+  release [--allow-colab-placeholder] [DIR]
+                   build the learner distribution (course, helpers, self-checks; no answers,
+                   no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;
+                   refused while REPOSITORY in autograder/course/colab.py is the placeholder,
+                   unless the flag asks for a draft (its README says Colab does not work)
 """
 
 import sys

@@ -10,8 +10,11 @@
   something a launch switched off.
 - The call names ``launch(..., forbid=...)`` takes: :data:`COLLECTIVES` (every
   collective), :data:`DATA_COLLECTIVES` (all but the barriers), :data:`POINT_TO_POINT`,
-  :data:`DDP` for DistributedDataParallel, and :data:`COURSE_RING` for the course's own ring
-  (lesson 8's pipelined ring, switched off where an exercise asks for a ring).
+  and names that switch off a whole API (:data:`APIS`): :data:`DDP` for
+  DistributedDataParallel, :data:`ZERO` for ZeroRedundancyOptimizer, :data:`FSDP` (FSDP2's
+  ``fully_shard`` and FSDP1), :data:`DTENSOR` (DeviceMesh, DTensor, ``parallelize_module``),
+  :data:`PIPELINING` (``torch.distributed.pipelining``), and :data:`COURSE_RING` for the
+  course's own ring (lesson 8's pipelined ring, switched off where an exercise asks for a ring).
 - :func:`run` and :func:`start` run a command (``torchrun``, a script) from a cell with
   live labelled output; nothing it starts outlives it (see :mod:`helpers.commands`).
 - :func:`export_script` writes a notebook function as a script ``torchrun`` can run.
@@ -44,7 +47,8 @@ from .errors import (
 )
 from .export import ExportError, export_script
 from .launcher import LaunchResult, launch
-from ._runtime.calls import COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, POINT_TO_POINT
+from ._runtime.calls import (APIS, COLLECTIVES, COURSE_RING, DATA_COLLECTIVES, DDP, DTENSOR, FSDP, PIPELINING,
+                             POINT_TO_POINT, ZERO)
 
 __all__ = [
     "launch",
@@ -55,6 +59,11 @@ __all__ = [
     "POINT_TO_POINT",
     "DDP",
     "COURSE_RING",
+    "ZERO",
+    "FSDP",
+    "DTENSOR",
+    "PIPELINING",
+    "APIS",
     "Cluster",
     "load_ipython_extension",
     "unload_ipython_extension",

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ._runtime.cells import cache_source
 from ._runtime.factory import get_factory
-from ._runtime.group import RankGroup
+from ._runtime.group import RankGroup, start_limit
 from ._runtime.kept import ask
 from ._runtime.protocol import Call, Exec, Pull, Push, Request
 from ._runtime.report import Outcome, group_stopped_error, unusable_rank_error
@@ -80,7 +80,9 @@ class Cluster:
     # -- life cycle -------------------------------------------------------------------
 
     def start(self, *, announce: bool = True) -> "Cluster":
-        """Start the ranks and wait until every one has its process group ready.
+        """Start the ranks and wait until every one has its process group ready (a
+        :class:`~helpers.LaunchTimeoutError` saying so after :func:`~helpers._runtime.group.start_limit`
+        seconds, a minute or ``timeout`` if longer).
 
         With ``announce`` (the default) one line says how many ranks started on what.
         """
@@ -95,10 +97,10 @@ class Cluster:
         started = time.perf_counter()
         try:
             group.start()
-            limit = max(self.timeout, 60.0)
+            limit = start_limit(self.timeout)
             outcome = group.wait_ready(limit)
             if not outcome.ok:
-                raise group_stopped_error(outcome, group.live, self.world_size, limit, what="Starting the ranks")
+                raise group_stopped_error(outcome, group.live, self.world_size, limit)
         except BaseException:
             self._group = None
             group.stop()

@@ -127,13 +127,16 @@ class ForbiddenCallError(RuntimeError):
     """Raised inside a rank when the code calls something the launch switched off.
 
     Exercises that ask for a hand-made collective run with the built-in ones switched
-    off (``launch(..., forbid=...)``). ``call`` names what was called (for example
-    ``"torch.distributed.all_reduce"`` or ``"ProcessGroup.allreduce"``), ``reason`` is the
-    sentence the launch gave for switching it off, ``name`` the entry of ``forbid`` that
-    switched it off (``"all_reduce"`` for both of those calls), and ``family`` what kind of
-    call that entry is: ``"collective"``, ``"point_to_point"``, ``"ddp"``
-    (``DistributedDataParallel``) or ``"course_ring"`` (``helpers.ring``); see
-    :func:`helpers._runtime.calls.family_of`. Decide on ``family`` and ``name``, never on
+    off (``launch(..., forbid=...)``), and those that ask for hand-made sharding or
+    pipelining with torch's own APIs switched off. ``call`` names what was called (for
+    example ``"torch.distributed.all_reduce"``, ``"ProcessGroup.allreduce"`` or
+    ``"torch.distributed.fsdp.fully_shard"``), ``reason`` is the sentence the launch gave
+    for switching it off, ``name`` the entry of ``forbid`` that switched it off
+    (``"all_reduce"`` for the first two, ``"FSDP"`` for the third), and ``family`` what
+    kind of call that entry is: ``"collective"``, ``"point_to_point"``, or a whole API's:
+    ``"ddp"`` (``DistributedDataParallel``), ``"zero"`` (``ZeroRedundancyOptimizer``),
+    ``"fsdp"``, ``"dtensor"``, ``"pipelining"`` or ``"course_ring"`` (``helpers.ring``);
+    see :func:`helpers._runtime.calls.family_of`. Decide on ``family`` and ``name``, never on
     the text. It travels home pickled, so the notebook side can test
     ``isinstance(err.original, ForbiddenCallError)`` on a :class:`RankFailedError`.
 

@@ -164,7 +164,9 @@ def launch(
     RankFailedError
         A rank raised or died; the others were stopped within about a second.
     LaunchTimeoutError
-        The ranks were still running after ``timeout`` seconds.
+        The ranks were still running ``timeout`` seconds after every one had started ``fn``;
+        or they had not all started it (forked, joined the process group, loaded ``fn``)
+        within a minute (``timeout`` if longer), which the error says, with ``.unstarted``.
     BackendUnavailableError, ValueError
         Bad arguments, raised before any rank starts; TypeError for a setting launch does not take.
     """

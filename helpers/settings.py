@@ -42,7 +42,7 @@ import textwrap
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, Union
 
-from ._runtime.calls import COLLECTIVES, COURSE_RING, DDP, POINT_TO_POINT
+from ._runtime.calls import APIS, COLLECTIVES, POINT_TO_POINT
 from .output import OutputRouter, OutputSpec
 
 __all__ = ["LaunchSettings", "Forbid", "setting", "takes_settings", "setting_arguments", "default_timeout",
@@ -133,12 +133,14 @@ def forbid_reasons(forbid: Forbid) -> dict[str, str]:
     if isinstance(forbid, str):
         raise TypeError(f"forbid takes a list of call names, like forbid=['all_reduce']; got the string {forbid!r}.")
     reasons = dict(forbid) if isinstance(forbid, Mapping) else dict.fromkeys(forbid, _DEFAULT_FORBID_REASON)
-    known = POINT_TO_POINT + COLLECTIVES + (DDP, COURSE_RING)
+    known = POINT_TO_POINT + COLLECTIVES + tuple(APIS)
     for name, reason in reasons.items():
         if name not in known:
             raise ValueError(
                 f"forbid names {name!r}, which is not a call the helpers can switch off. Use names from "
-                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, helpers.DDP for DistributedDataParallel, or helpers.COURSE_RING for the course's ring."
+                "helpers.COLLECTIVES or helpers.POINT_TO_POINT, or a whole API from helpers.APIS: "
+                f"{', '.join(repr(api) for api in APIS)} (helpers.DDP, helpers.COURSE_RING, helpers.ZERO, "
+                "helpers.FSDP, helpers.DTENSOR, helpers.PIPELINING)."
             )
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"forbid[{name!r}] must be a sentence saying why it is switched off; got {reason!r}.")
@@ -157,7 +159,9 @@ class LaunchSettings:
         "Simulate this many hosts of world_size // nnodes ranks each, so that LOCAL_RANK and GROUP_RANK "
         "differ from RANK the way they do on a cluster."))
     timeout: float | None = setting(None, used_by=("launch", "cluster", "cell"), check=_seconds, text=float, help=(
-        "Seconds a request may run. After that every rank's stack is shown, the ranks are stopped (persistent "
+        "Seconds a request may run, counted from the moment every rank has started it (set up, joined the process "
+        "group, loaded the function and the modules it imports: start-up has its own limit, a minute or timeout if "
+        "longer, and its own report). After that every rank's stack is shown, the ranks are stopped (persistent "
         "ranks: interrupted) and LaunchTimeoutError says where each waited. None: 60 s, or 10 s while nbgrader "
         "executes the notebook (NBGRADER_EXECUTION is set), so that a deadlock costs seconds, not the class's "
         "grading time."))
@@ -172,9 +176,12 @@ class LaunchSettings:
         "Record every torch.distributed call on every rank; the result's .trace is a helpers.trace.Trace."))
     forbid: Forbid = setting((), check=forbid_reasons, text=_names, help=(
         "Calls to switch off on the ranks: names from helpers.COLLECTIVES (also switched off on the process-group "
-        "object), helpers.POINT_TO_POINT, helpers.DDP (DistributedDataParallel) or helpers.COURSE_RING (the "
-        "course's ring), as a list (in a magic: all_reduce,broadcast) or a dict of name -> the reason the learner "
-        "reads. Calling one raises ForbiddenCallError on that rank."))
+        "object and as functional collectives), helpers.POINT_TO_POINT, or whole APIs: helpers.DDP "
+        "(DistributedDataParallel), helpers.ZERO (ZeroRedundancyOptimizer), helpers.FSDP (fully_shard and "
+        "FullyShardedDataParallel), helpers.DTENSOR (DeviceMesh, DTensor, parallelize_module), helpers.PIPELINING "
+        "(torch.distributed.pipelining) or helpers.COURSE_RING (the course's ring), as a list (in a magic: "
+        "all_reduce,broadcast) or a dict of name -> the reason the learner reads. Calling one raises "
+        "ForbiddenCallError on that rank."))
     view: str = setting("auto", used_by=("cluster",), check=_view, help=(
         '"auto", "widgets" (a tab per rank in JupyterLab) or "text" ([rank N] lines): how persistent ranks show '
         'their output; "auto" picks widgets in a JupyterLab or Colab notebook (see helpers.view).'))

@@ -20,6 +20,14 @@ Example::
     (1, 16)
     >>> fig = trace.plot_timeline()
 
+Every collective is in it however it was made: a torch.distributed function, a
+``ProcessGroup`` method called directly, or a functional collective (DTensor's
+redistribution, ``parallelize_module``, ``clip_grad_norm_`` on DTensor gradients). Each
+event's ``op`` is the public call doing that work, so ``op_totals()`` counts them together;
+``via`` says how one was made when it was not a torch.distributed function
+(``"process_group"`` or ``"functional"``) and ``note`` names the method or op, so
+``[e for e in trace.events if e.via is None]`` keeps the program's own calls.
+
 Times are seconds from the first call in the trace. Point-to-point traffic is exact;
 collectives are recorded as calls with their tensor sizes, but how many bytes they
 move between which ranks depends on the backend's algorithm, so the link matrix counts

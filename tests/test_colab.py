@@ -27,6 +27,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from autograder.course.colab import REPOSITORY
+from autograder.release.checks import is_placeholder
+
 ROOT = Path(__file__).resolve().parent.parent
 # The packages Colab brings that the course relies on (torch is added below).
 COLAB_PACKAGES = ["ipykernel", "ipywidgets", "matplotlib"]
@@ -61,9 +64,11 @@ def colab(tmp_path_factory):
     _run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL])
 
     # What the learners clone: the learner distribution, committed on `main` in a repository
-    # of its own, as an instructor publishes it.
+    # of its own, as an instructor publishes it. Until REPOSITORY is set only a draft can be
+    # built; the cell is pointed at this copy through COURSE_REPO either way.
     source = base / "published"
-    _run([sys.executable, "-m", "autograder", "release", str(source)], cwd=ROOT,
+    draft = ["--allow-colab-placeholder"] if is_placeholder(REPOSITORY) else []
+    _run([sys.executable, "-m", "autograder", "release", *draft, str(source)], cwd=ROOT,
          env={**os.environ, "PYTHONPATH": str(ROOT)})
     git = ["git", "-c", "user.name=course", "-c", "user.email=course@localhost"]
     _run([*git, "init", "-q", "-b", "main"], cwd=source)

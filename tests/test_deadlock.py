@@ -40,9 +40,12 @@ def launch(fn, world_size, *args, **kwargs):
     return helpers.launch(fn, world_size, *args, **kwargs)
 
 
-#: A deadlock must be reported within this many seconds of the launch, whatever the timeout.
-#: It is found about a second after it forms; the rest is room for starting ranks on a
-#: busy 2-core machine.
+#: A deadlock must be found within this many seconds of the moment every rank started its request
+#: (the error's ``seconds``), whatever the timeout: the watch reads the board at least four times a
+#: second and needs the same state twice STABLE (0.5 s) apart, so about a second after the ranks
+#: reach their calls; the rest is room for a busy 2-core machine. Start-up (forking, joining the
+#: group, importing this file to unpickle the function) is not counted: it took seconds on a loaded
+#: machine, and a bound on the launch's wall time that included it failed now and then.
 PROMPT = 6.0
 
 
@@ -330,21 +333,20 @@ def _receive_first(rank, world_size):
 
 
 def _deadlock(fn, world_size, args=(), **kwargs):
-    """Launch ``fn`` with a long timeout; return the DeadlockError and the seconds it took."""
-    started = time.monotonic()
+    """Launch ``fn`` with a long timeout; return the DeadlockError, found within PROMPT seconds of the ranks' start."""
     with pytest.raises(DeadlockError) as info:
         launch(fn, world_size, args, timeout=60, output="quiet", **kwargs)
-    return info.value, time.monotonic() - started
+    assert 0 < info.value.seconds < PROMPT, f"found after {info.value.seconds:.1f} s"
+    return info.value
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_a_receive_first_ring_is_found_within_seconds(world_size, no_leftover_ranks):
     """Does a ring where every rank receives first raise DeadlockError within seconds though the timeout is 60 s,
     with the hang report's receive-first cycle, every rank's line, and no rank left?"""
-    err, took = _deadlock(_receive_first, world_size)
-    assert took < PROMPT, f"found after {took:.1f} s"
+    err = _deadlock(_receive_first, world_size)
     assert isinstance(err, LaunchTimeoutError) and err.timeout == 60
-    assert err.ranks == list(range(world_size)) and 0 < err.seconds < PROMPT
+    assert err.ranks == list(range(world_size))
     head = str(err).splitlines()[0]
     assert head.startswith(f"The ranks deadlocked: found after {err.seconds:.1f} s") and "did not finish" not in head, head
     assert "every rank is receiving before anyone sends" in str(err) and "Fix: let some ranks send first" in str(err)
@@ -365,8 +367,7 @@ def _send_first(rank, world_size, numel):
 
 def test_blocking_sends_nobody_receives_are_found(no_leftover_ranks):
     """Does a ring where every rank sends 16 MB first (more than any buffer) raise DeadlockError, naming the send cycle?"""
-    err, took = _deadlock(_send_first, 3, (4 << 20,))
-    assert took < PROMPT, f"found after {took:.1f} s"
+    err = _deadlock(_send_first, 3, (4 << 20,))
     assert err.ranks == [0, 1, 2]
     for rank in range(3):
         assert f"rank {rank} waits in send(dst={(rank + 1) % 3})" in err.waiting[rank]
@@ -380,8 +381,7 @@ def _receive_from_a_rank_that_returns(rank, world_size):
 
 def test_a_receive_from_a_rank_that_finished_is_found(no_leftover_ranks):
     """Rank 1 receives from rank 0, which returns without sending: is that a DeadlockError saying rank 0 already returned?"""
-    err, took = _deadlock(_receive_from_a_rank_that_returns, 2)
-    assert took < PROMPT, f"found after {took:.1f} s"
+    err = _deadlock(_receive_from_a_rank_that_returns, 2)
     assert err.ranks == [1] and err.finished == [0]
     assert "rank 1 of 2 is blocked in a point-to-point call" in str(err).splitlines()[0]
     assert "rank 1 waits for rank 0, which already returned" in str(err)
@@ -397,8 +397,7 @@ def _irecv_then_wait_first(rank, world_size):
 @pytest.mark.parametrize("trace", [False, True])
 def test_waiting_on_irecv_before_any_isend_is_found(trace, no_leftover_ranks):
     """With and without tracing, is every rank waiting on its irecv before its isend found, each 'wait() on irecv'?"""
-    err, took = _deadlock(_irecv_then_wait_first, 3, trace=trace)
-    assert took < PROMPT, f"found after {took:.1f} s"
+    err = _deadlock(_irecv_then_wait_first, 3, trace=trace)
     assert err.ranks == [0, 1, 2]
     for rank in range(3):
         assert f"wait() on irecv(src={(rank - 1) % 3})" in err.waiting[rank]
@@ -413,8 +412,7 @@ def _pair_deadlocks_while_others_wait_in_all_reduce(rank, world_size):
 
 def test_a_pair_deadlocked_while_the_others_wait_in_a_collective_is_found(no_leftover_ranks):
     """Ranks 0 and 1 receive from each other while 2 and 3 wait in all_reduce for them: is it found, naming both?"""
-    err, took = _deadlock(_pair_deadlocks_while_others_wait_in_all_reduce, 4)
-    assert took < PROMPT, f"found after {took:.1f} s"
+    err = _deadlock(_pair_deadlocks_while_others_wait_in_all_reduce, 4)
     assert err.ranks == [0, 1] and sorted(err.waiting) == [0, 1, 2, 3]
     assert "rank 2 waits in all_reduce" in err.waiting[2]
     assert "every rank is receiving before anyone sends" in str(err)
@@ -528,9 +526,8 @@ def test_an_endless_loop_is_still_the_timeout(no_leftover_ranks):
     started = time.monotonic()
     with pytest.raises(LaunchTimeoutError) as info:
         launch(_loops_while_its_peer_receives, 2, timeout=3, output="quiet")
-    took = time.monotonic() - started
     assert not isinstance(info.value, DeadlockError)
-    assert 3.0 <= took < 3.0 + PROMPT, took
+    assert time.monotonic() - started >= 3.0  # the timeout counts from the ranks' start, so never less
     assert str(info.value).startswith("The ranks did not finish within 3 s")
     assert "rank 0 is running" in info.value.waiting[0] and "_loops_while_its_peer_receives" in info.value.waiting[0]
 
@@ -559,12 +556,10 @@ def test_persistent_ranks_deadlock_is_found_and_restart_gives_a_working_group(no
     and say to restart, and does restart() give a working group?"""
     cluster = Cluster(3, backend="gloo", timeout=60.0, output="quiet", view="text")
     try:
-        started = time.monotonic()
         with pytest.raises(DeadlockError) as info:
             cluster.run(_receive_first)
-        took = time.monotonic() - started
-        assert took < PROMPT, f"found after {took:.1f} s"
         err = info.value
+        assert err.seconds < PROMPT, f"found after {err.seconds:.1f} s"
         head = str(err).splitlines()[0]
         assert head.startswith("The call deadlocked") and "restart" in head, head
         assert "every rank is receiving before anyone sends" in str(err)
@@ -581,10 +576,9 @@ def test_persistent_ranks_across_cells():
         cluster.exec("request = dist.isend(torch.full((2,), 5.0), dst=1)", ranks=[0])
         assert cluster.exec("t = torch.zeros(2)\ndist.recv(t, src=0)\nt[0].item()", ranks=[1]) == [5.0]
         cluster.exec("request.wait()", ranks=[0])
-        started = time.monotonic()
         with pytest.raises(DeadlockError) as info:
             cluster.exec("dist.recv(t, src=0)", ranks=[1])  # rank 0 is idle: nothing can come
-        assert time.monotonic() - started < PROMPT
+        assert info.value.seconds < PROMPT
         assert info.value.ranks == [1] and info.value.waiting[1].startswith("rank 1 waits in recv(src=0)")
 
 
@@ -592,13 +586,12 @@ def test_persistent_ranks_across_cells():
 
 
 def test_grading_feedback_says_the_ranks_deadlocked():
-    """Does the grading harness turn a deadlock into feedback saying the ranks deadlocked, where each waited, and the cycle?"""
+    """Does the grading harness turn a deadlock into feedback saying the ranks deadlocked (found before the 10 s
+    timeout: the timeout's feedback says "did not finish"), where each waited, and the cycle?"""
     from autograder.lessons.harness import GradingFailure, run_ranks
 
-    started = time.monotonic()
     with pytest.raises(GradingFailure) as info:
         run_ranks("no_hang", _receive_first, 3, exercise="Exercise 4.4", function="ring_allreduce", timeout=10)
-    assert time.monotonic() - started < PROMPT
     text = str(info.value)
     assert text.startswith("no_hang: your code deadlocked on 3 ranks: ranks 0, 1, 2 waited in point-to-point calls")
     assert "did not finish" not in text

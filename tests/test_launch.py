@@ -136,8 +136,9 @@ def test_init_true_has_the_group_ready():
 # --------------------------------------------------------------------------- failures
 
 
-def test_raising_rank_is_named_and_the_others_stop_within_2s():
-    """Does a rank that raises get named with its exception and line, and are the blocked others stopped within 2 s?"""
+def test_raising_rank_is_named_and_the_blocked_others_are_stopped():
+    """Does a rank that raises get named with its exception and line, and are the others, blocked for good, stopped
+    because of it (not left to the timeout) with no process left?"""
 
     def work(rank, ws):
         if rank == 1:
@@ -150,16 +151,16 @@ def test_raising_rank_is_named_and_the_others_stop_within_2s():
             dist.recv(torch.zeros(1), src=1)
         return rank
 
-    # Time from the raise, not from the start: the start includes forking and the rendezvous,
-    # which a loaded machine can slow down (and a TCPStore rendezvous could stall for 5 s).
+    # Time from the raise, not from the start, which includes forking and the rendezvous.
     raised_at = []
 
     def sink(rank, stream, line):
         if line.startswith("raising at "):
             raised_at.append(float(line.split()[-1]))
 
+    timeout = 60
     with pytest.raises(RankFailedError) as info:
-        launch(work, 4, output=sink)
+        launch(work, 4, output=sink, timeout=timeout)
     elapsed = time.time() - raised_at[0]
 
     err = info.value
@@ -174,7 +175,9 @@ def test_raising_rank_is_named_and_the_others_stop_within_2s():
         assert 'raise ValueError("bad shape on rank 1")' in text
         assert f"line {line}" in text
     assert "rank 1 of 4 raised ValueError: bad shape on rank 1" in str(err)
-    assert elapsed < 2.0, f"the launch took {elapsed:.2f} s after the raise to stop the blocked ranks"
+    # The others wait in calls no rank will ever answer: only being stopped ends them before the timeout (the
+    # stop takes a second or so, more on a loaded machine; not measured here, as it depends on the machine's load).
+    assert elapsed < timeout, f"the blocked ranks were stopped {elapsed:.2f} s after the raise, not before the timeout"
     assert rank_children() == []
     copy = pickle.loads(pickle.dumps(err))  # errors travel, e.g. from grading subprocesses
     assert isinstance(copy, RankFailedError) and (copy.rank, copy.exc_type, str(copy)) == (1, "ValueError", str(err))
@@ -263,30 +266,22 @@ def test_code_sent_by_value_keeps_its_file_name():
 
 @pytest.mark.slow
 def test_deadlock_times_out_with_every_rank_stack():
-    """When every rank receives first, does the launch end by its timeout at the latest (a DeadlockError, found as it
-    forms) with each rank's recv line and a deadlock diagnosis?"""
+    """When every rank receives first, does the launch end before its timeout (a DeadlockError, found as it forms)
+    with each rank's recv line and a deadlock diagnosis?"""
 
     def ring(rank, ws):
         t = torch.zeros(1)
         dist.recv(t, src=(rank - 1) % ws)  # DEADLOCK-HERE
         dist.send(t, dst=(rank + 1) % ws)
 
-    timeout = 3.0
+    # A DeadlockError is raised only before the timeout, which therefore need not be short: a short one (it was
+    # 3 s) made the test depend on the machine's load, a slow deadlock watch turning it into a plain timeout.
+    timeout = 60.0
     line = line_of("DEADLOCK-HERE")
-    for _attempt in range(2):
-        started = time.monotonic()
-        with pytest.raises(LaunchTimeoutError) as info:
-            launch(ring, 3, timeout=timeout, output="quiet")
-        elapsed = time.monotonic() - started
-        err = info.value
-        # If the start is slow (a loaded machine; a TCPStore rendezvous could stall for 5 s),
-        # a rank may still be starting at the timeout; such an attempt says nothing about
-        # the diagnosis of the deadlock, so it gets one more try.
-        if all(f"line {line}" in summary for summary in err.waiting.values()):
-            break
-
-    assert elapsed < timeout + 3.0, f"took {elapsed:.1f} s for timeout={timeout}"
-    assert err.timeout == timeout
+    with pytest.raises(helpers.DeadlockError) as info:
+        launch(ring, 3, timeout=timeout, output="quiet")
+    err = info.value
+    assert err.timeout == timeout and err.unstarted == []
     assert sorted(err.stacks) == [0, 1, 2]
     assert sorted(err.waiting) == [0, 1, 2]
     assert err.finished == []
@@ -297,7 +292,7 @@ def test_deadlock_times_out_with_every_rank_stack():
     assert re.search(r"every (running )?rank is receiving", str(err), re.I), str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert isinstance(copy, LaunchTimeoutError) and copy.waiting == err.waiting and str(copy) == str(err)
-    assert isinstance(err, helpers.DeadlockError) and type(copy) is type(err)
+    assert type(copy) is type(err)
     assert rank_children() == []
 
 
@@ -318,15 +313,16 @@ def test_ranks_stuck_joining_the_group_are_described_as_still_starting():
     try:
         group.start()
         outcome = group.wait_ready(1.5)
-        assert outcome.pending == [0, 1] and not outcome.failures
+        assert outcome.pending == outcome.unstarted == [0, 1] and not outcome.failures
         assert [record.phase for record in outcome.board] == ["starting", "starting"]
-        err = outcome_error(outcome, 2, 1.5, what="Starting the ranks")
+        err = outcome_error(outcome, 2, 1.5)
     finally:
         group.stop()
         group.close()
     for rank in (0, 1):
         assert "still starting" in err.waiting[rank] and "<string>" not in err.waiting[rank], err.waiting
-    assert str(err).startswith("Starting the ranks did not finish within 1.5 s")
+    assert str(err).startswith("The ranks did not start within 1.5 s: ranks 0, 1 of 2 had not started."), str(err)
+    assert err.unstarted == [0, 1]
     assert rank_children() == []
 
 
@@ -656,6 +652,14 @@ def test_idle_factory_preloads_what_optimizers_import():
     assert launch(_has_dynamo, 2, output="quiet") == [True, True]
 
 
+_STAND_IN_FOR_A_HUNG_RANK = """
+import signal, time
+signal.signal(signal.SIGUSR1, lambda *_: print("SIGUSR1", flush=True))
+print("handler installed", flush=True)
+time.sleep(120)
+"""
+
+
 def test_the_factory_serves_signals_and_exits_while_it_warms_up(tmp_path, monkeypatch):
     """While the factory imports its warm-up modules (seconds on a busy machine, with ranks alive), does a signal the
     kernel asks for reach the rank at once, is a rank that exited reported, and do a Stop and what follows it wait?"""
@@ -671,10 +675,13 @@ def test_the_factory_serves_signals_and_exits_while_it_warms_up(tmp_path, monkey
     monkeypatch.setattr(factory_process, "_WARM_UP_MODULES", ("warm_first",))
     kernel_end, factory_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     server = factory_process._Server(factory_end)
-    # Stand-ins for two ranks: one hung, one that has exited and waits to be reaped.
-    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    # Stand-ins for two ranks: one hung, which says when a SIGUSR1 reaches it (a rank would dump its stack) and lives
+    # on, so that the server never reaps it; and one that has exited and waits to be reaped.
+    hung = subprocess.Popen([sys.executable, "-c", _STAND_IN_FOR_A_HUNG_RANK], stdout=subprocess.PIPE,
+                            start_new_session=True)
     done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     try:
+        assert hung.stdout.readline() == b"handler installed\n"
         os.waitid(os.P_PID, done.pid, os.WEXITED | os.WNOWAIT)  # a zombie now
         server.ranks.update({hung.pid: (7, 0), done.pid: (8, 1)})
         os.write(server.wake_w, bytes([signal.SIGCHLD]))  # what the factory's SIGCHLD handler writes
@@ -684,7 +691,9 @@ def test_the_factory_serves_signals_and_exits_while_it_warms_up(tmp_path, monkey
         hooks = list(sys.meta_path)
         factory_process._warm_up(server)
         assert "warm_second" in sys.modules and sys.meta_path == hooks
-        assert hung.wait(timeout=30) == -signal.SIGUSR1  # sent during the import, not after it
+        # Sent during the import, not after it: the loop that would send it later has not run.
+        assert select.select([hung.stdout], [], [], 30)[0] and hung.stdout.readline() == b"SIGUSR1\n"
+        assert hung.poll() is None
         kernel_end.settimeout(30)  # bounds a failure: nothing sent
         assert pickle.loads(kernel_end.recv(1 << 16)) == Exited(8, 1, done.pid, 0) and list(server.ranks) == [hung.pid]
         assert server.deferred == [(Stop(), [])]
@@ -694,6 +703,7 @@ def test_the_factory_serves_signals_and_exits_while_it_warms_up(tmp_path, monkey
         for child in (hung, done):
             child.kill()
             child.wait()
+        hung.stdout.close()
         for end in (kernel_end, factory_end):
             end.close()
         os.close(server.wake_r)
@@ -744,17 +754,52 @@ def test_forbid_names_are_checked_before_any_rank_starts(spawned):
     assert spawned == []
 
 
-def test_a_launch_carrying_megabytes_is_written_as_the_ranks_read_it(no_leftover_ranks):
-    """Does a launch whose arguments are 16 MB (256 pipe-fulls) reach its ranks about as fast as a small one, not a
-    wait for the next wake-up (up to 0.25 s) per 64 KB, which made it take 15 s and more?"""
+def test_a_launch_carrying_megabytes_reaches_its_ranks_whole(no_leftover_ranks):
+    """Does a launch whose arguments are 16 MB (256 pipe-fulls) reach every rank whole?"""
     def total(rank, ws, x):
-        return float(x.sum())
+        return float(x.sum()), x.numel()
 
-    launch(total, 2, (torch.ones(1),), output="quiet")  # warm
     big = torch.ones(1 << 22)  # 16 MB of float32
-    started = time.perf_counter()
-    assert launch(total, 2, (big,), output="quiet") == [float(1 << 22)] * 2
-    assert time.perf_counter() - started < 5.0
+    assert launch(total, 2, (big,), output="quiet") == [(float(1 << 22), 1 << 22)] * 2
+
+
+def test_a_request_larger_than_a_pipe_is_written_as_soon_as_there_is_room(factory):
+    """With part of a 1 MB request waiting and the command pipe emptied by its reader, does the group's next wait
+    write more at once, rather than at its end (which, at up to 0.25 s per 64 KB, made a 16 MB launch take 9 s)?
+    The wait is given 60 s: returning before that means it woke up for the room, which is what is checked."""
+    from helpers._runtime.board import Board
+    from helpers._runtime.group import RankGroup
+    from helpers._runtime.protocol import FD_NAMES, Push
+    from helpers._runtime.wire import FrameReader
+    from helpers.settings import LaunchSettings
+
+    group = RankGroup(factory, LaunchSettings(1, backend="gloo"), init_backend="gloo")  # no rank: the test reads
+    group.board = Board.create(1)
+    theirs = group._open_pipes(group.ranks[0])
+    cmd = theirs[FD_NAMES.index("cmd")]
+    os.set_blocking(cmd, False)
+    reader, waits = FrameReader(), 0
+    try:
+        group.send(0, Push(1, bytes(1 << 20)))
+        while True:
+            try:
+                while chunk := os.read(cmd, 1 << 16):  # the rank's part: read all the pipe holds
+                    reader.feed(chunk)
+            except BlockingIOError:
+                pass
+            if not group.ranks[0].writer.waiting:
+                break
+            started = time.monotonic()
+            group.poll(60.0)
+            assert time.monotonic() - started < 60.0, "the wait did not wake up when the pipe had room"
+            waits += 1
+        assert waits >= 8  # the pipe takes at most 64 KB at a time (1 << 20 is 16 pipe-fulls)
+        assert [message.payload for message in reader.messages()] == [bytes(1 << 20)]
+    finally:
+        for fd in theirs:
+            os.close(fd)
+        group.ranks[0].state = "exited"  # no process to wait for
+        group.close()
 
 
 def test_launch_settings_check_themselves_and_say_what_each_setting_does():

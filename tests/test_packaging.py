@@ -172,13 +172,18 @@ def test_environment_yml_python_and_channels():
     assert env["channels"] == ["conda-forge"]
 
 
-def test_dev_extra_covers_course_and_test():
-    """Does the `dev` extra (what `make venv` installs) pull in both the course and test extras?"""
+def test_dev_extra_covers_course_test_and_grading():
+    """Does the `dev` extra (what `make venv`, so `make test` and `make grade`, installs) pull in the course, test
+    and grading extras, with Dask's grading engine only in the instructor's `grading` extra?"""
     project = _pyproject()["project"]
     (dev,) = project["optional-dependencies"]["dev"]
     req = Requirement(dev)
     assert canonicalize_name(req.name) == canonicalize_name(project["name"])
-    assert req.extras == {"course", "test"}
+    assert req.extras == {"course", "test", "grading"}
+    grading = _req_map(project["optional-dependencies"]["grading"])
+    assert set(grading) == {"distributed", "dask-jobqueue"} and all(bound.startswith(">=") for bound in grading.values())
+    learner = _req_map(project["dependencies"] + project["optional-dependencies"]["course"])
+    assert not set(grading) & set(learner), "the grading engine is the instructor's, not a learner's"
 
 
 # --------------------------------------------------------------------------- (b) make test / CI

@@ -35,6 +35,7 @@ from helpers._runtime.report import (
     hang_report,
     interrupted_cell,
     kept_ranks_error,
+    outcome_error,
     unusable_rank_error,
 )
 
@@ -109,6 +110,17 @@ def test_a_slot_holds_the_call_its_peer_size_group_counts_and_flags(board):
     left = board.read()[1]
     assert (left.phase, left.call, left.in_call) == ("running", None, False) and left.start > rec.start
     assert diagnose.call_text(board.read()[2]) == "wait() on irecv(src=0)"
+
+
+def test_the_running_writer_writes_what_posting_running_writes(board):
+    """Does the short writer every wrapped call ends with leave the slot as writer(rank)("running", ...) would, with
+    the sequence numbers and flags it is given?"""
+    board.writer(0)("running", None, None, 7, None, None, 3, FLAG_UNSURE)
+    board.running_writer(1)(7, 3, FLAG_UNSURE)
+    first, second = board.read()[:2]
+    fields = ("phase", "call", "peer", "seq", "nbytes", "members", "world_seq", "unsure", "timed")
+    assert [getattr(second, f) for f in fields] == [getattr(first, f) for f in fields]
+    assert (second.phase, second.seq, second.world_seq, second.unsure) == ("running", 7, 3, True)
 
 
 def test_a_rank_attached_to_the_board_writes_what_the_notebook_reads(board):
@@ -292,6 +304,29 @@ def test_a_deadlock_found_by_the_watch_becomes_a_deadlock_error(learner, board):
     assert str(err).startswith("The ranks deadlocked: found after 0.5 s, ranks 0, 1 of 3 are blocked in point-to-point "
                                "calls that no rank can ever match. All ranks were stopped.")
     assert "finished: rank 2" in str(err) and "larger timeout" not in str(err)
+
+
+def test_ranks_that_had_not_started_get_a_start_up_report_not_a_hang_report(learner):
+    """At the start-up limit, with rank 1 still joining the process group and rank 2 loading (its unpickling running a
+    line of the learner's file) while rank 0 started, does the error say so, blame none of the learner's code, and
+    carry the late ranks as ``unstarted``?"""
+    loading = dump(("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"), (learner, 1, "<module>"),
+                   ("<frozen importlib._bootstrap>", 1176, "_find_and_load"),
+                   (f"{HELPERS}/_runtime/rank.py", 230, "_load"))
+    board = [BoardRecord(0, "call", "recv", peer=1), BoardRecord(1, "starting"), BoardRecord(2, "running")]
+    outcome = Outcome(pending=[0, 1, 2], unstarted=[1, 2], start_limit=60.0, stacks={0: in_recv(learner), 2: loading},
+                      board=board)
+    err = outcome_error(outcome, 3, 5.0, note="All ranks were stopped.")
+    assert type(err) is LaunchTimeoutError and err.unstarted == [1, 2] and err.timeout == 60.0
+    lines = str(err).splitlines()
+    assert lines[0] == "The ranks did not start within 60 s: ranks 1, 2 of 3 had not started. All ranks were stopped."
+    assert lines[2] == err.waiting[1] and err.waiting[1].startswith("rank 1 was still starting")
+    assert err.waiting[2] == ("rank 2 was still loading what was sent to it (unpickling the function and its arguments "
+                              f"imports the modules they use) at {learner}, line 1, in <module>: "
+                              "import torch.distributed as dist")
+    assert lines[4] == "started: rank 0 (running, maybe waiting for the others)"
+    assert "timeout= counts only your code" in str(err) and "Wait-for" not in str(err) and err.findings == []
+    assert hang_report(hung_ring(learner), 2, 5.0).unstarted == []
 
 
 def test_persistent_ranks_are_told_what_state_they_are_left_in(learner):

@@ -179,5 +179,6 @@ def test_forbidden_call_error_carries_its_family_through_pickling():
                                                                  "helpers.ring.ring_allreduce", "write your own")
     assert [family_of(n) for n in ("all_reduce", "barrier", "irecv", helpers.DDP)] == [
         "collective", "collective", "point_to_point", "ddp"]
-    assert set(FAMILIES) == {family_of(n) for n in (*helpers.COLLECTIVES, *helpers.POINT_TO_POINT, helpers.DDP,
-                                                     helpers.COURSE_RING)}
+    assert set(FAMILIES) == {family_of(n) for n in (*helpers.COLLECTIVES, *helpers.POINT_TO_POINT, *helpers.APIS)}
+    assert [family_of(n) for n in (helpers.ZERO, helpers.FSDP, helpers.DTENSOR, helpers.PIPELINING)] == [
+        "zero", "fsdp", "dtensor", "pipelining"]

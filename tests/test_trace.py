@@ -1,9 +1,10 @@
 """Tracing, pictures and deadlock diagnosis, on real gloo ranks.
 
 Every rank that runs a function of this file imports the file first, so it imports nothing
-slow at the top (matplotlib, the autograder's reference ring): on a loaded machine that
-import alone outlasted the 2 s timeouts of the hang tests, whose ranks were then reported
-as running an import instead of waiting in their calls.
+slow at the top (matplotlib, the autograder's reference ring). That import is start-up, which
+the 2 s timeouts of the hang tests do not count (they start once every rank has loaded its
+function); before they did, on a loaded machine the import alone outlasted them, and ranks
+were reported as running an import instead of waiting in their calls.
 """
 
 from __future__ import annotations
@@ -158,8 +159,7 @@ def _skip_collective(rank, world_size):
 def test_receive_first_deadlock_reports_the_cycle():
     """With tracing off, does a receive-first deadlock name each rank's recv, its peer, and the cycle?"""
     # Found as a deadlock about a second after it forms (a DeadlockError, with the same report): the long
-    # timeout only bounds the test. With timeout=2, a rank still importing this test module on a loaded
-    # machine was reported "running" instead of in its recv.
+    # timeout only bounds the test.
     with pytest.raises(LaunchTimeoutError) as info:
         launch(_receive_first, 3, timeout=30, output="quiet")
     err = info.value

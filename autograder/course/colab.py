@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["REPOSITORY", "BRANCH", "BADGE_ID", "SETUP_ID", "colab_cells", "colab_url"]
+__all__ = ["REPOSITORY", "PLACEHOLDER", "BRANCH", "BADGE_ID", "SETUP_ID", "colab_cells", "colab_url"]
 
+#: The address REPOSITORY holds until an instructor sets it: no course is published there, so
+#: `make release` refuses to build while REPOSITORY (or a notebook's Colab cells) still names it.
+PLACEHOLDER = "https://github.com/distributed-course/distributed-course"
 # Where learners' Colab runtimes clone the course from: the learner distribution built by
 # `make release` and published as its own repository. Set it before you publish, then run
 # `make course` (and `make release` again).
-REPOSITORY = "https://github.com/distributed-course/distributed-course"
+REPOSITORY = PLACEHOLDER
 BRANCH = "main"
 
 # Cell ids: the preprocessor replaces cells with these ids instead of adding them twice.

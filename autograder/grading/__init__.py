@@ -2,8 +2,16 @@
 
 - :mod:`~autograder.grading.grade`: collect the submissions, grade them side by side, merge
   each into the gradebook, write ``grades.csv`` and the run's record.
-- :mod:`~autograder.grading.submission`: one submission, in a work folder of its own:
-  nbgrader's autograde, the clean re-grade, the verdicts, the feedback page, the log.
+- :mod:`~autograder.grading.engine`: where they are graded (Dask workers: a ``LocalCluster``
+  here, a running cluster, or SLURM jobs through :mod:`~autograder.grading.slurm`), and how
+  many tries each gets; :mod:`~autograder.grading.cluster`: what every worker is given, and
+  the check that a cluster's workers may grade; :mod:`~autograder.grading.progress`: the
+  progress line.
+- :mod:`~autograder.grading.task`: what a worker is given and gives back, files as bytes;
+  :mod:`~autograder.grading.merge`: a graded submission into the course, in one process.
+- :mod:`~autograder.grading.submission`: one submission, in a work folder of its own
+  (:mod:`~autograder.grading.workfolder`): nbgrader's autograde, the clean re-grade, the
+  verdicts (:mod:`~autograder.grading.verdicts`), the feedback page, the log.
 - :mod:`~autograder.grading.sandbox`: the bubblewrap sandbox the learner's code runs in.
 - :mod:`~autograder.grading.clean`: every graded part decided again in a fresh process that
   holds only the learner's definitions.

@@ -3,7 +3,9 @@
 Run from the repository root::
 
     python -m autograder grade path/to/submissions [--jobs N] [--no-sandbox] [--only-ungraded]
-    make grade SUBMISSIONS=path [JOBS=N] [NO_SANDBOX=1] [ONLY_UNGRADED=1]
+    python -m autograder grade path/to/submissions --scheduler tcp://host:8786   # on a running Dask cluster
+    python -m autograder grade path/to/submissions --slurm jobs=4,partition=short [--dry-run]   # on SLURM jobs
+    make grade SUBMISSIONS=path [JOBS=N] [SCHEDULER=tcp://host:8786] [SLURM=1|key=value,...] [NO_SANDBOX=1] [ONLY_UNGRADED=1]
 
 ``path/to/submissions`` holds one folder per learner, each with the lessons they hand in
 as ``<student>/<lesson>/<lesson>.ipynb`` (the layout the course's Submit button and a
@@ -14,17 +16,23 @@ Steps:
 1. record every lesson in the gradebook (nbgrader's ``generate_assignment``, into a
    scratch folder, so course/ is left as it is);
 2. copy the submissions into ``autograder/submitted/`` (collect);
-3. grade every submission on its own, ``--jobs`` of them at a time (default: one per
-   core), in worker processes that keep nbgrader loaded, each submission in a private work
-   folder with its own copy of the gradebook (:mod:`autograder.grading.submission`: autograde in
-   the grading sandbox, where the notebook runs; the clean re-grade, which decides every
-   graded part in a fresh process; the feedback page). A submission that could not be
-   graded for a reason that is not the learner's (the sandbox or the kernel did not start)
-   is graded once more;
+3. grade every submission on its own, on Dask workers (:mod:`autograder.grading.engine`): by
+   default a ``LocalCluster`` of ``--jobs`` worker processes on this machine (default: one
+   per core); with ``--scheduler`` the workers of a running Dask cluster; with ``--slurm``
+   workers started as SLURM jobs. Each worker keeps nbgrader loaded and grades one
+   submission at a time, in a private work folder with its own copy of the gradebook
+   (:mod:`autograder.grading.submission`: autograde in the grading sandbox, where the
+   notebook runs; the clean re-grade, which decides every graded part in a fresh process;
+   the feedback page). Each task carries what its worker needs as bytes (the lesson's
+   nbgrader files and gradebook template, the learner's notebook) and its record brings
+   back what the worker made, so workers need no folder of this machine. A submission
+   that could not be graded for a reason that is not the learner's (the sandbox or the
+   kernel did not start, its worker died) is graded once more;
 4. merge each finished submission into ``autograder/gradebook.db`` and its notebook and
-   feedback into ``autograder/autograded/`` and ``autograder/feedback/`` (only this
-   process writes the shared gradebook, one submission at a time), and keep its whole log
-   in ``autograder/logs/<student>/<lesson>.log``;
+   feedback into ``autograder/autograded/`` and ``autograder/feedback/``
+   (:mod:`autograder.grading.merge`: only this process writes the shared gradebook, one
+   submission at a time), and keep its whole log in
+   ``autograder/logs/<student>/<lesson>.log``;
 5. export all grades as CSV to ``autograder/grades.csv``;
 6. the class summary (:mod:`autograder.grading.summary`): per lesson and part, how many passed,
    the most common failures with a real example, the slowest submissions and those that
@@ -37,13 +45,15 @@ every other grade; Ctrl-C stops a run, keeps what was merged, and names what is 
 
 The record looks like this (seconds are each submission's wall time, all steps)::
 
-    {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "jobs": 2, "sandbox": true,
+    {"started": "2026-11-22T10:00:00+00:00", "seconds": 41.2, "jobs": 2, "workers": "this machine",
+     "sandbox": true,
      "grades_csv": "autograder/grades.csv",
      "submissions": [{"student": "alice", "lesson": "04-ring-all-reduce", "seconds": 9.0, "tries": 1, "retried_because": [],
                       "stages": {"setup": 0.1, "autograde": 6.1, "kernel_start": 1.9, "clean": 6.5,
                                  "clean_after_kernel": 0.9, "settle": 0.1, "feedback": 0.6},
                       "cells": {"ran": 30, "seconds": 3.2, "first": 1.4, "slowest": [...]},
                       "status": "ok", "failure": null, "error": null, "notes": [],
+                      "worker": "tcp://127.0.0.1:40233 (grader-1)",
                       "log": "autograder/logs/alice/04-ring-all-reduce.log",
                       "score": 10.0, "max_score": 10.0,
                       "parts": [{"grade_id": "...", "exercise": "4.4", "part": "correct", "points": 4,
@@ -56,22 +66,19 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import replace
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ..course.build import ROOT, build, lessons, nbgrader_api, tool_env
-from .submission import grade_submission, quiet_gradebook, warm_up
-from .task import TRIES, Graded, Task
+from .submission import quiet_gradebook
+from .task import Files, Graded, Task, lesson_files, read_files
 
 __all__ = ["collect", "grade", "main", "RECORD", "LOGS"]
 
@@ -79,6 +86,9 @@ WORK = ROOT / "autograder"
 RECORD = WORK / "grading-run.json"  # git-ignored, like grades.csv: it holds learners' scores
 #: Each submission's whole log: nbgrader's, the kernel's error output, the clean re-grade's.
 LOGS = WORK / "logs"
+#: What to install when the grading engine is missing.
+ENGINE_MISSING = ("Grading runs on Dask, which is not installed in this environment: run `make venv` (it installs "
+                  "the course's instructor extras), or `pip install -e '.[grading]'` from the repository root.")
 
 
 def _record_lessons(names: list[str]) -> None:
@@ -133,44 +143,6 @@ def _scores(grades: Path) -> dict[tuple[str, str], tuple[float | None, float | N
                 for row in csv.DictReader(f) if row.get("student_id") and row.get("assignment")}
 
 
-# -- merging one graded submission into the course -------------------------------------------
-
-
-def _merge(graded: Graded) -> None:
-    """Copy a graded submission into the course: gradebook rows, autograded notebook, feedback."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    work = Path(graded.folder) / "autograder"
-    with Gradebook(f"sqlite:///{WORK / 'gradebook.db'}") as gb:  # an earlier grading of it goes first
-        gb.update_or_create_student(graded.student)
-        try:
-            gb.remove_submission(graded.lesson, graded.student)
-        except MissingEntry:
-            pass
-    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as source, \
-            Gradebook(f"sqlite:///{WORK / 'gradebook.db'}") as gb:
-        sub = source.find_submission(graded.lesson, graded.student)
-        gb.add_submission(graded.lesson, graded.student, timestamp=sub.timestamp, extension=sub.extension)
-        for nb in sub.notebooks:
-            target = gb.find_submission_notebook(nb.name, graded.lesson, graded.student)
-            target.flagged, target.late_submission_penalty = nb.flagged, nb.late_submission_penalty
-            for g in nb.grades:
-                row = gb.find_grade(g.name, nb.name, graded.lesson, graded.student)
-                row.auto_score, row.manual_score = g.auto_score, g.manual_score
-                row.extra_credit, row.needs_manual_grade = g.extra_credit, g.needs_manual_grade
-            for c in nb.comments:
-                row = gb.find_comment(c.name, nb.name, graded.lesson, graded.student)
-                row.auto_comment, row.manual_comment = c.auto_comment, c.manual_comment
-        gb.db.commit()
-    for kind in ("autograded", "feedback"):
-        made = work / kind / graded.student / graded.lesson
-        target = WORK / kind / graded.student / graded.lesson
-        if target.exists():
-            shutil.rmtree(target)
-        if made.exists():
-            shutil.copytree(made, target)
-
-
 def _previous() -> dict[tuple[str, str], dict[str, Any]]:
     """The last run's record of each submission, by (student, lesson)."""
     try:
@@ -202,134 +174,132 @@ def _graded_already(tasks: list[tuple[str, str]]) -> set[tuple[str, str]]:
 def _write_log(graded: Graded) -> str:
     path = LOGS / graded.student / f"{graded.lesson}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "a" if graded.attempt > 1 else "w"
-    with path.open(mode) as f:
+    with path.open("a" if graded.attempt > 1 else "w") as f:
         f.write(graded.log)
     return str(path.relative_to(ROOT))
-
-
-def _pool(jobs: int) -> ProcessPoolExecutor:
-    # Fresh interpreters (spawn), not forks of this process, with nbgrader imported once each.
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=warm_up)
-
-
-def _run(tasks: list[Task], jobs: int, done: Any) -> list[Task]:
-    """Grade ``tasks`` on ``jobs`` worker processes; ``done(graded, retried)`` gets each final result.
-
-    A submission whose grading failed for a reason that is not the learner's is graded
-    again, up to :data:`~autograder.grading.task.TRIES` times; a worker that died costs the
-    submissions it held one try each. Returns the tasks left unfinished by Ctrl-C.
-    """
-    queue, retried = list(tasks), {}
-    pool = _pool(jobs)
-    running: dict[Future, Task] = {}
-    try:
-        while queue or running:
-            while queue and len(running) < jobs * 2:  # a few ahead, so no worker waits for the next
-                task = queue.pop(0)
-                running[pool.submit(grade_submission, task)] = task
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            broken = False
-            for future in finished:
-                task = running.pop(future)
-                try:
-                    graded = future.result()
-                except BrokenProcessPool:
-                    broken = True
-                    graded = Graded(task.student, task.lesson, "", attempt=task.attempt, failure="infrastructure",
-                                    error="the grading worker process died", log="== the grading worker process died\n")
-                if graded.failure == "infrastructure" and task.attempt < TRIES:
-                    retried.setdefault((task.student, task.lesson), []).append(graded.error)
-                    _write_log(graded)
-                    if graded.folder:
-                        shutil.rmtree(graded.folder, ignore_errors=True)
-                    print(f"  {task.student}/{task.lesson}: grading failed ({graded.error}); trying once more",
-                          flush=True)
-                    queue.append(replace(task, attempt=task.attempt + 1))
-                    continue
-                done(graded, retried.get((task.student, task.lesson), []))
-            if broken:  # every submission it held has been answered above; start afresh
-                pool.shutdown(wait=False, cancel_futures=True)
-                pool = _pool(jobs)
-        return []
-    except KeyboardInterrupt:
-        left = list(running.values()) + queue
-        for future in running:
-            future.cancel()
-        return left
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # -- the class ------------------------------------------------------------------------------
 
 
-def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_ungraded: bool = False) -> dict[str, Any]:
+def _tasks(pairs: list[tuple[str, str]], template: Path, sandboxed: bool) -> list[Task]:
+    """One task per (student, lesson), carrying its files; the lesson's files are read once and shared."""
+    shared: dict[str, Files] = {}
+    tasks = []
+    for student, lesson in pairs:
+        if lesson not in shared:
+            shared[lesson] = lesson_files(ROOT, lesson, template)
+        tasks.append(Task(student, lesson, shared[lesson], read_files(WORK / "submitted" / student / lesson),
+                          sandboxed))
+    return tasks
+
+
+def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_ungraded: bool = False,
+          workers: Any = None) -> dict[str, Any]:
     """The whole workflow; returns the run's record, also written to autograder/grading-run.json.
 
-    ``jobs`` submissions are graded at a time (default: the number of cores); ``sandboxed``
-    False runs learners' code without the sandbox (the summary then says so);
-    ``only_ungraded`` grades only what has no grade yet. Raises
-    :class:`autograder.grading.sandbox.SandboxUnavailable` when a sandbox is asked for and cannot run.
+    ``workers`` (:class:`autograder.grading.engine.Workers`) says where submissions are graded:
+    by default ``jobs`` worker processes on this machine (default: the number of cores); or a
+    Dask scheduler's workers, or SLURM jobs. ``sandboxed`` False runs learners' code without
+    the sandbox (the summary then says so); ``only_ungraded`` grades only what has no grade
+    yet. Raises :class:`autograder.grading.sandbox.SandboxUnavailable` when a sandbox is asked
+    for and cannot run here, and :class:`autograder.grading.cluster.ClusterUnavailable` when a
+    cluster cannot be reached or its workers must not grade.
     """
+    try:
+        from .engine import Connection, Workers
+    except ImportError as exc:
+        raise RuntimeError(f"{ENGINE_MISSING} ({exc})") from exc
+
+    workers = workers or Workers()
+    if workers.local:
+        workers = Workers(jobs=max(1, workers.jobs or jobs or os.cpu_count() or 1))
     os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks
     os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH
     quiet_gradebook()
-    if sandboxed:
+    if sandboxed and workers.local:  # a cluster's workers are checked once they are connected
         from .sandbox import require
 
         require()
-    jobs = max(1, jobs or os.cpu_count() or 1)
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
-    _record_lessons(lessons())
-    found = collect(source)
     grades = WORK / "grades.csv"
-    record: dict[str, Any] = {"started": started_at, "seconds": 0.0, "source": str(source), "jobs": jobs,
+    record: dict[str, Any] = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0,
+                              "source": str(source), "jobs": workers.jobs, "workers": workers.describe(),
                               "sandbox": sandboxed, "grades_csv": str(grades.relative_to(ROOT)), "submissions": []}
-    if not found:
-        print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
-        RECORD.write_text(json.dumps(record, indent=2) + "\n")
-        return record
-    pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
-    kept: dict[tuple[str, str], dict[str, Any]] = {}
-    if only_ungraded:
-        already = _graded_already(pairs)
-        before = _previous()
-        kept = {key: before[key] for key in already if key in before}
-        pairs = [key for key in pairs if key not in already]
-        print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
-    print(f"Grading {len(pairs)} submission{'s' if len(pairs) != 1 else ''}, {jobs} at a time, "
-          + ("each in a sandbox." if sandboxed else "WITHOUT a sandbox (--no-sandbox): learners' code runs with your rights."),
-          flush=True)
+    with Connection(workers) as connection:  # the workers start while the lessons are recorded
+        _record_lessons(lessons())
+        found = collect(source)
+        if not found:
+            print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
+            RECORD.write_text(json.dumps(record, indent=2) + "\n")
+            return record
+        pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
+        kept: dict[tuple[str, str], dict[str, Any]] = {}
+        if only_ungraded:
+            already = _graded_already(pairs)
+            before = _previous()
+            kept = {key: before[key] for key in already if key in before}
+            pairs = [key for key in pairs if key not in already]
+            print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
+        left = _grade_pairs(pairs, record, workers, connection) if pairs else []
+    record["submissions"].extend(r for key, r in kept.items())
+    return _finish(record, left, started)
+
+
+def _grade_pairs(pairs: list[tuple[str, str]], record: dict[str, Any], workers: Any, connection: Any) -> list[Task]:
+    """Grade each (student, lesson) on the connection's workers, merging each into the course as it comes back;
+    returns the tasks a Ctrl-C left."""
+    from .cluster import check
+    from .engine import run, start_line
+    from .merge import merge
+    from .progress import Progress
+
     runs = record["submissions"]
+
+    def retry(graded: Graded) -> None:
+        _write_log(graded)
+        print(f"  {graded.student}/{graded.lesson}: grading failed ({graded.error}); trying once more", flush=True)
+
+    def done(graded: Graded, retried: list[str]) -> None:
+        run = graded.record()
+        run["retried_because"] = retried
+        try:
+            if graded.status == "ok":
+                merge(graded, WORK)
+        except Exception as exc:  # noqa: BLE001 - report, carry on with the class
+            run["status"], run["failure"] = "failed", "infrastructure"
+            run["error"] = f"merging into the gradebook: {type(exc).__name__}: {exc}"
+            graded.log += f"== {run['error']}\n"
+        finally:
+            run["log"] = _write_log(graded)
+        runs.append(run)
+        note = f" after {graded.attempt} tries" if graded.attempt > 1 else ""
+        state = "ok" if run["status"] == "ok" else f"FAILED ({run['failure']}: {run['error']})"
+        print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s{note}: {state}", flush=True)
+
     with tempfile.TemporaryDirectory() as scratch:
         template = Path(scratch) / "gradebook.db"
         shutil.copy2(WORK / "gradebook.db", template)
-        tasks = [Task(student, lesson, WORK / "submitted" / student / lesson, ROOT, template, sandboxed)
-                 for student, lesson in pairs]
+        tasks = _tasks(pairs, template, record["sandbox"])
+    client = connection.client()
+    if not workers.local:
+        check(client, record["sandbox"], wait=workers.slurm is None)
+    print(start_line(len(tasks), workers, client, record["sandbox"]), flush=True)
+    progress = Progress(len(tasks))
+    left = run(client, tasks, uuid.uuid4().hex, on_final=done, on_retry=retry, progress=progress)
+    recorded = {(r["student"], r["lesson"]) for r in runs}  # a Ctrl-C just after one was merged: it is graded
+    left = [task for task in left if (task.student, task.lesson) not in recorded]
+    if not workers.local:
+        record["jobs"] = progress.most_threads
+    return left
 
-        def done(graded: Graded, retried: list[str]) -> None:
-            run = graded.record()
-            run["retried_because"] = retried
-            try:
-                if graded.status == "ok":
-                    _merge(graded)
-            except Exception as exc:  # noqa: BLE001 - report, carry on with the class
-                run["status"], run["failure"] = "failed", "infrastructure"
-                run["error"] = f"merging into the gradebook: {type(exc).__name__}: {exc}"
-                graded.log += f"== {run['error']}\n"
-            finally:
-                run["log"] = _write_log(graded)
-                if graded.folder:
-                    shutil.rmtree(graded.folder, ignore_errors=True)
-            runs.append(run)
-            note = f" after {graded.attempt} tries" if graded.attempt > 1 else ""
-            state = "ok" if run["status"] == "ok" else f"FAILED ({run['failure']}: {run['error']})"
-            print(f"  autograded {run['student']}/{run['lesson']} in {run['seconds']:.1f} s{note}: {state}", flush=True)
 
-        left = _run(tasks, jobs, done)
-    runs.extend(r for key, r in kept.items())
+def _finish(record: dict[str, Any], left: list[Task], started: float) -> dict[str, Any]:
+    """Export the grades, write the run's record and the class summary, and print them."""
+    from .summary import summarise
+
+    grades = ROOT / record["grades_csv"]
+    runs = record["submissions"]
     runs.sort(key=lambda r: (r["lesson"], r["student"]))
     _export(grades)
     scores = _scores(grades)
@@ -337,11 +307,8 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
         if run["status"] == "ok" and (run["student"], run["lesson"]) in scores:
             run["score"], run["max_score"] = scores[(run["student"], run["lesson"])]
     record["seconds"] = round(time.monotonic() - started, 2)
-    record["not_graded"] = [f"{t.student}/{t.lesson}" for t in left]
+    record["not_graded"] = [t.name for t in left]
     RECORD.write_text(json.dumps(record, indent=2) + "\n")
-
-    from .summary import summarise
-
     summary = summarise(record, WORK)
     print(f"\nGrades: {grades.relative_to(ROOT)}    Feedback: autograder/feedback/<student>/<lesson>/    "
           f"Logs: {LOGS.relative_to(ROOT)}/<student>/<lesson>.log    This run: {RECORD.relative_to(ROOT)}")
@@ -361,25 +328,56 @@ def main(argv: list[str]) -> int:
                                      description="Autograde every <student>/<lesson>/<lesson>.ipynb in FOLDER.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--jobs", type=int, default=None,
-                        help="submissions graded at a time (default: the number of cores)")
+                        help="on this machine: submissions graded at a time (default: the number of cores)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="grade on the workers of a running Dask cluster, e.g. tcp://host:8786")
+    parser.add_argument("--slurm", nargs="?", const="", metavar="KEY=VALUE,...",
+                        help="grade on Dask workers started as SLURM jobs (dask-jobqueue); settings: jobs=N, cores=N, "
+                             "memory=16GB, walltime=01:00:00, partition=NAME, account=NAME, directive=OPTION")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --slurm: print the job script it would submit, and stop")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run learners' code without the bubblewrap sandbox (it then runs with your rights)")
     parser.add_argument("--only-ungraded", action="store_true",
                         help="grade only the submissions that have no grade yet (never graded, or failed last "
                              "time); keep every other grade as it is")
     args = parser.parse_args(argv)
+    try:
+        from .cluster import ClusterUnavailable
+        from .engine import Workers
+        from .slurm import Slurm, SlurmSettingsError
+    except ImportError as exc:
+        print(f"{ENGINE_MISSING} ({exc})", file=sys.stderr)
+        return 2
+    chosen = [flag for flag, value in (("--jobs", args.jobs), ("--scheduler", args.scheduler),
+                                       ("--slurm", args.slurm)) if value is not None]
+    if len(chosen) > 1:
+        print(f"{' and '.join(chosen)} each say where to grade: give one of them", file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print(f"--jobs must be 1 or more (got {args.jobs})", file=sys.stderr)
+        return 2
+    try:
+        slurm = Slurm.parse(args.slurm) if args.slurm is not None else None
+    except SlurmSettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        if slurm is None:
+            print("--dry-run goes with --slurm: it prints the SLURM job script that would be submitted", file=sys.stderr)
+            return 2
+        print(f"# {slurm.describe()}; each job runs this script:\n{slurm.job_script()}")
+        return 0
     source = args.folder.resolve()
     if not source.is_dir():
         print(f"{source} is not a folder")
         return 2
-    if args.jobs is not None and args.jobs < 1:
-        print(f"--jobs must be 1 or more (got {args.jobs})")
-        return 2
     from .sandbox import SandboxUnavailable
 
     try:
-        record = grade(source, jobs=args.jobs, sandboxed=not args.no_sandbox, only_ungraded=args.only_ungraded)
-    except SandboxUnavailable as exc:
+        record = grade(source, sandboxed=not args.no_sandbox, only_ungraded=args.only_ungraded,
+                       workers=Workers(jobs=args.jobs, scheduler=args.scheduler, slurm=slurm))
+    except (SandboxUnavailable, ClusterUnavailable) as exc:
         print(exc, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

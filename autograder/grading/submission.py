@@ -1,17 +1,20 @@
 """Grade one learner's submission of one lesson, in a work folder of its own.
 
 :func:`grade_submission` takes a :class:`Task` (who, which lesson, where the handed-in
-notebook, the course's nbgrader files and a gradebook template are) and returns a
+notebook, the lesson's nbgrader files and a gradebook template, all as bytes) and returns a
 :class:`Graded` record: how it ended, the score of every graded part, seconds per stage,
-and the whole log. The graded notebook, the feedback page and the private gradebook stay in
-the task's work folder, which the class workflow (:mod:`autograder.grading.grade`) merges into the
-course and then removes. It runs in a worker process that grades many submissions one after
-another, with nbgrader already imported, so no submission pays for starting nbgrader.
+the whole log, and what grading made (the graded notebook, the feedback page and the private
+gradebook's rows, :mod:`autograder.grading.merge`), which the class workflow
+(:mod:`autograder.grading.grade`) merges into the course. The work folder is removed before it
+returns: nothing of it is needed on the machine that merges. It runs in a worker process
+that grades many submissions one after another, with nbgrader already imported
+(:func:`warm_up`), so no submission pays for starting nbgrader.
 
 The steps:
 
-1. **set-up**: a private copy of nbgrader's configuration, the gradebook template and the
-   submission;
+1. **set-up**: a private copy of nbgrader's configuration, the lesson's instructor folder,
+   the gradebook template and the submission, written from the task; a worker that cannot
+   start the grading sandbox refuses here (unless the task says ``sandboxed=False``);
 2. **autograde** (nbgrader, in this process): deleted and edited cells are restored, then the
    notebook runs in a fresh kernel inside the grading sandbox (:mod:`autograder.grading.sandbox`).
    Hidden test cells run no check there (:func:`autograder.lessons.kit.decided_by_clean_run`): a
@@ -35,8 +38,9 @@ Whose failure it is decides what happens next (:attr:`Graded.failure`):
 
 Example (what :mod:`autograder.grading.grade` does for each submission, in a worker)::
 
-    task = Task(student="ana", lesson="04-ring-all-reduce", submitted=Path("autograder/submitted/ana/04-ring-all-reduce"),
-                course=ROOT, template=Path("/tmp/gradebook.db"))
+    task = Task(student="ana", lesson="04-ring-all-reduce",
+                course=lesson_files(ROOT, "04-ring-all-reduce", template=Path("/tmp/gradebook.db")),
+                submitted=read_files(Path("autograder/submitted/ana/04-ring-all-reduce")))
     graded = grade_submission(task)    # graded.status == "ok", graded.parts[0]["score"] == 1.0, ...
 """
 
@@ -45,20 +49,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
+from .merge import rows, take
 from .task import Graded, Task
 from .verdicts import cell_times, settle
-from .workfolder import Job, Tail
+from .workfolder import Job, Tail, sweep
 
 __all__ = ["grade_submission", "warm_up", "quiet_gradebook"]
 
 
 def warm_up() -> None:
-    """Import what grading a submission uses, once per worker process (nbgrader, nbconvert, nbclient)."""
+    """Import what grading a submission uses, once per worker process (nbgrader, nbconvert, nbclient).
+
+    Also clears the work folders that killed grading processes on this machine left behind.
+    """
     os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks: no rank factory for it
     quiet_gradebook()
+    sweep()
     import nbclient  # noqa: F401
     import nbgrader.apps.api  # noqa: F401
     import nbgrader.converters  # noqa: F401
@@ -107,19 +117,46 @@ def _telling_line(kernel: str, error: BaseException | None, nbgrader_error: str)
     return found[-1].strip() if found else "nbgrader failed without a message"
 
 
+def _refusal(task: Task) -> str | None:
+    """Why this process must not grade ``task``: it asks for the sandbox, and no sandbox starts here."""
+    if not task.sandboxed:
+        return None
+    from .sandbox import install_hint, problem
+
+    reason = problem()
+    if reason is None:
+        return None
+    return (f"{socket.gethostname()} cannot sandbox learners' code: {reason}. {install_hint()} "
+            "(--no-sandbox grades without it, with your rights.)")
+
+
 def grade_submission(task: Task) -> Graded:
-    """Autograde, re-grade cleanly and write the feedback of one submission; never raises."""
+    """Autograde, re-grade cleanly and write the feedback of one submission; never raises.
+
+    What grading made comes back in the record (:attr:`Graded.files`, :attr:`Graded.gradebook`)
+    when it succeeded; the work folder is gone when this returns.
+    """
     from ..course import preprocessors
 
     began = time.monotonic()
-    job = Job(task)
-    graded = Graded(task.student, task.lesson, str(job.folder), attempt=task.attempt)
+    graded = Graded(task.student, task.lesson, attempt=task.attempt, worker=f"{socket.gethostname()} pid {os.getpid()}")
+    refused = _refusal(task)
+    if refused:
+        graded.failure, graded.error = "infrastructure", refused
+        graded.log = f"== {task.name}, try {task.attempt}: refused\n== infrastructure: {refused}\n"
+        return graded
+    try:
+        job = Job(task)
+    except Exception as exc:  # noqa: BLE001 - a disk that is full, a task that would write outside its folder
+        graded.failure, graded.error = "infrastructure", f"setting up the work folder: {type(exc).__name__}: {exc}"
+        graded.log = f"== {task.name}, try {task.attempt}\n== infrastructure: {graded.error}\n"
+        return graded
     stages = graded.stages
-    log: list[str] = [f"== {task.student}/{task.lesson}, try {task.attempt}, work folder {job.folder}"]
+    log: list[str] = [f"== {task.name}, try {task.attempt}, on {graded.worker}, work folder {job.folder}"]
     watch = preprocessors.WATCH = preprocessors.Watch(on_sanitized=job.start_clean)
     kernel = Tail()
     try:
-        unreadable = _readable(job.work / "submitted" / task.student / task.lesson / f"{task.lesson}.ipynb")
+        unreadable = _readable(job.submitted / f"{task.lesson}.ipynb")
         if unreadable:
             graded.failure, graded.error = "learner", unreadable
             return graded
@@ -151,8 +188,7 @@ def grade_submission(task: Task) -> Graded:
                 import nbformat
 
                 # nbgrader removed the failed run's folder: the notebook as it was about to run stands in for it.
-                submitted = job.work / "submitted" / task.student / task.lesson
-                shutil.copytree(submitted, job.autograded, dirs_exist_ok=True)
+                shutil.copytree(job.submitted, job.autograded, dirs_exist_ok=True)
                 os.chmod(job.notebook, 0o644)
                 nbformat.write(watch.sanitized, job.notebook)
             else:
@@ -189,22 +225,19 @@ def grade_submission(task: Task) -> Graded:
             graded.failure = "infrastructure"
             graded.error = "feedback: " + _telling_line("", None, made.get("error", ""))
             return graded
+        graded.files = take(job.work, task.student, task.lesson)
+        graded.gradebook = rows(job.work / "gradebook.db", task.lesson, task.student)
         graded.status = "ok"
         return graded
-    except KeyboardInterrupt:
-        job.remove()  # the run is being stopped: nothing of this submission is merged
-        raise
     except Exception as exc:  # noqa: BLE001 - a fault of the grading machinery: recorded, tried again
         import traceback
 
         log.append("== grading broke\n" + traceback.format_exc())
         graded.failure, graded.error = "infrastructure", f"{type(exc).__name__}: {exc}"
         return graded
-    finally:
+    finally:  # also when the run is stopped (Ctrl-C): nothing of the work folder is kept
         kernel.close()
-        if job.clean_process is not None and job.clean_process.poll() is None:
-            os.killpg(job.clean_process.pid, 9)
-            job.clean_process.wait()
+        job.remove()
         graded.seconds = round(time.monotonic() - began, 2)
         if graded.error:
             log.append(f"== {graded.failure or 'failed'}: {graded.error}")

@@ -152,7 +152,7 @@ def settle(job: Job, results: list[dict[str, Any]], left_out: list[str], stopped
     from ..course.cells import graded_cells
 
     task = job.task
-    cells = {c.grade_id: c for c in graded_cells(task.course / "solutions" / task.lesson / f"{task.lesson}.ipynb")}
+    cells = {c.grade_id: c for c in graded_cells(job.solution)}
     clean = {(r["exercise"], r["part"]): r for r in results}
     nb = nbformat.read(job.notebook, as_version=4)
     by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}

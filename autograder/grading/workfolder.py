@@ -1,10 +1,11 @@
 """One submission's private work folder, and the nbgrader and clean re-grade runs inside it.
 
-:class:`Job` copies nbgrader's configuration, the gradebook template and the submission into a
-folder of its own, gives nbgrader's API over it (set up to run the kernel in the grading
+:class:`Job` writes what its task carries (nbgrader's configuration, the lesson's instructor
+folder, the gradebook template and the submission) into a folder of its own, gives nbgrader's API over it (set up to run the kernel in the grading
 sandbox), and starts and waits for the clean re-grade (:mod:`autograder.grading.clean`) as a
 process of its own session. :class:`Tail` keeps the start and end of what a child process
-writes to its error output, so a flood costs nothing.
+writes to its error output, so a flood costs nothing. :func:`sweep` removes the work folders
+of grading processes that were killed before they could.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .task import Task
+from .task import Task, write_files
 
-__all__ = ["Job", "Tail", "text_tail", "RANK_FACTORY_ENV", "CLEAN_TIMEOUT"]
+__all__ = ["Job", "Tail", "text_tail", "sweep", "RANK_FACTORY_ENV", "CLEAN_TIMEOUT", "PREFIX"]
 
 
 #: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
 CLEAN_TIMEOUT = float(os.environ.get("COURSE_CLEAN_TIMEOUT", "600"))
+
+
+#: Work folders are ``<tmp>/course-grading-<pid of the grading process>-<random>``.
+PREFIX = "course-grading-"
 
 
 #: The most of a process's error output kept in the log (its start and its end).
@@ -104,13 +109,14 @@ class Job:
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self.folder = Path(tempfile.mkdtemp(prefix="course-grading-"))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self.work = self.folder / "autograder"
-        self.work.mkdir()
-        shutil.copy2(task.course / "nbgrader_config.py", self.folder / "nbgrader_config.py")
-        (self.folder / "solutions").symlink_to(task.course / "solutions")
-        shutil.copy2(task.template, self.work / "gradebook.db")
-        shutil.copytree(task.submitted, self.work / "submitted" / task.student / task.lesson)
+        try:
+            write_files(self.folder, task.course)  # nbgrader_config.py, solutions/<lesson>/, autograder/gradebook.db
+            write_files(self.submitted, task.submitted)
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.autograded = self.work / "autograded" / task.student / task.lesson
         self.runtime = self.folder / "runtime"
         self.runtime.mkdir()
@@ -120,13 +126,23 @@ class Job:
         self.clean_started: float | None = None
 
     @property
+    def submitted(self) -> Path:
+        return self.work / "submitted" / self.task.student / self.task.lesson
+
+    @property
+    def solution(self) -> Path:
+        """The lesson's instructor notebook, as the task carried it."""
+        return self.folder / "solutions" / self.task.lesson / f"{self.task.lesson}.ipynb"
+
+    @property
     def notebook(self) -> Path:
         return self.autograded / f"{self.task.lesson}.ipynb"
 
     def box(self, writable: list[Path], env: dict[str, str] | None = None):
+        from ..course.build import ROOT
         from .sandbox import Sandbox
 
-        return Sandbox(writable=writable, hidden=[self.task.course, self.folder], env=env or {})
+        return Sandbox(writable=writable, hidden=[ROOT, self.folder], env=env or {})
 
     def api(self, kernel_stderr: str | None = None) -> Any:
         """nbgrader's API over this work folder; with ``kernel_stderr``, set up to autograde: the kernel in
@@ -205,3 +221,28 @@ class Job:
             os.killpg(self.clean_process.pid, 9)
             self.clean_process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(folder: Path | None = None) -> list[Path]:
+    """Remove the work folders whose grading process has gone (killed before it could); returns them.
+
+    A worker killed while it graded (``kill -9``, out of memory, a lost machine) leaves its work
+    folder behind: the next worker process started on that machine clears it.
+    """
+    removed = []
+    for path in Path(folder or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

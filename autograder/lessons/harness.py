@@ -362,8 +362,10 @@ def run_ranks(
         ) from None
     except RankFailedError as err:
         if isinstance(err.original, ForbiddenCallError):
-            what = {"course_ring": "lesson 8's ring from helpers.ring",
-                    "collective": "a built-in collective"}.get(err.original.family, "a switched-off call")
+            what = {"course_ring": "lesson 8's ring from helpers.ring", "collective": "a built-in collective",
+                    "point_to_point": "a point-to-point call this exercise switches off",
+                    "pipelining": "torch's own pipelining (torch.distributed.pipelining)"}.get(
+                err.original.family, f"torch's own {err.original.name}" if err.original.name else "a switched-off call")
             raise GradingFailure(f"rank {err.rank} called {what} {where}: {err.exc_message}", part) from None
         fault = course_frame(err.frames)
         if fault is not None:

@@ -15,9 +15,12 @@ How the checks judge: everything runs in fresh rank processes, with data drawn a
 time, against one process that trains the same model on the whole batch with the unsharded
 optimizer. The model's head shares the embedding's weight (tied weights) and its parameter
 count divides by none of the world sizes tried. The calls each ``step()`` makes are counted
-from the trace of ``torch.distributed`` calls (:mod:`helpers._runtime.instrument`), which sees
-the built-in collectives and the point-to-point calls of a hand-made ring alike. torch's
-own ``ZeroRedundancyOptimizer``, FSDP and ``fully_shard`` are switched off on the ranks.
+from the ranks' trace (:mod:`helpers._runtime.instrument`), which sees every collective however
+it is made (a ``torch.distributed`` function, a ``ProcessGroup`` method, a functional
+collective) and the point-to-point calls of a hand-made ring alike. torch's own
+``ZeroRedundancyOptimizer`` and FSDP (``fully_shard``, ``FullyShardedDataParallel``) are
+switched off on the ranks (``forbid=(ZERO, FSDP)``); the collectives stay on, since the
+exercise is built from them.
 
 Hidden test cells and the visible self-check::
 
@@ -36,6 +39,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from helpers import FSDP, ZERO
+
 from .kit import Attempt, Exercise, Part, fresh_seed
 from .pieces import plural
 from .shardcheck import OPTIMIZERS, SLACK, exchange_problem, model_sizes, sharded_worker
@@ -50,6 +55,7 @@ PER_RANK = 4
 #: the last bits differ; SGD passes that difference on as it is, while Adam divides by the
 #: root of the second moment, which magnifies it where a gradient is near zero.
 TOLERANCE = {("sgd", "float32"): 1e-5, ("sgd", "float64"): 1e-12, ("adamw", "float32"): 1e-4}
+#: What a learner reads on calling torch's own ZeroRedundancyOptimizer or FSDP in the checks' ranks.
 REASON = ("Exercise 9.1 asks you to build the sharded optimizer yourself from collectives; torch's "
           "ZeroRedundancyOptimizer and FSDP come later in the lesson.")
 
@@ -65,7 +71,7 @@ def _run(attempt: Attempt, world: int, case: dict) -> list[dict]:
     name = OPTIMIZERS[case["optimizer"]][0]
     context = (f"{case['steps']} steps of {name} in {case['dtype']}, a model with tied weights of "
                f"{case['vocab'] * case['width'] + case['width'] ** 2 + case['width'] + case['vocab']} parameters")
-    return list(attempt.run(sharded_worker, world, (attempt.fn, case, REASON), timeout=TIMEOUT, context=context))
+    return list(attempt.run(sharded_worker, world, (attempt.fn, case), timeout=TIMEOUT, context=context))
 
 
 def _where(world: int, case: dict, numel: int) -> str:
@@ -186,6 +192,8 @@ exercise_9_1 = Exercise(
                            "right sizes.", _traffic),
     ),
     visible_check=_self_check,
+    forbid=(ZERO, FSDP),  # every collective stays on: the exercise is built from them
+    forbid_reason=REASON,
 )
 
 EXERCISES = (exercise_9_1,)

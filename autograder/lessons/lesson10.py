@@ -2,7 +2,9 @@
 
 - 10.1 ``TensorParallelMLP(fc1, fc2)``: ``fc2(gelu(fc1(x)))`` over p ranks, fc1 split by output
   features and fc2 by input features, fc2's bias whole on every rank and added once; one
-  all-reduce in forward (g) and one in backward (f). Checked on 1, 2 and 4 ranks, float32 and
+  all-reduce in forward (g) and one in backward (f), counted however they were made
+  (``dist.all_reduce``, a ``ProcessGroup`` method or a functional collective: the learner
+  places each one in their own f and g either way). Checked on 1, 2 and 4 ranks, float32 and
   float64, against one process (:mod:`autograder.lessons.tpcheck`).
 - 10.2 ``gpipe_step(stage, microbatches)``: every micro-batch forward through the stages, then
   every one backward, with point-to-point calls only; gradients against one process on the
@@ -12,9 +14,11 @@
   holding at most p - s micro-batches' activations on stage s, with the same bubble.
 
 How the checks judge: every run is on fresh ranks with layers and data drawn at grading time.
-10.1 runs with DTensor's DeviceMesh switched off (so ``parallelize_module`` cannot do the
-work) and counts the calls of forward and of backward from the ranks' instrument; 10.2 and
-10.3 run with every collective, ``torch.distributed.pipelining`` and DTensor switched off.
+10.1 runs with DTensor switched off (``forbid=DTENSOR``: DeviceMesh, DTensor and
+``parallelize_module``, which would place the all-reduces for the learner) and counts the
+calls of forward and of backward from the ranks' trace; 10.2 and 10.3 run with every
+collective (functional ones included, such as ``_functional_collectives.all_gather_tensor``)
+and ``torch.distributed.pipelining`` switched off (``forbid=COLLECTIVES + (PIPELINING,)``).
 
 Hidden test cells and the visible self-checks::
 
@@ -33,7 +37,7 @@ Example (the instructor's answers pass)::
 
 from __future__ import annotations
 
-from helpers import COLLECTIVES
+from helpers import COLLECTIVES, DTENSOR, PIPELINING
 
 from .kit import Attempt, Exercise, Part, fresh_seed
 from .pieces import by_world_size
@@ -49,6 +53,16 @@ TP_CASES = ((1, "float64"), (2, "float64"), (2, "float32"), (4, "float64"))
 # Exercises 10.2 and 10.3: (stages, micro-batches).
 GPIPE_CASES = ((2, 1), (2, 4), (3, 3), (3, 5), (4, 3))
 ONE_F_ONE_B_CASES = ((2, 4), (3, 6), (4, 8))
+#: What a learner reads on calling what an exercise switches off in the checks' ranks.
+TP_REASON = ("Exercise 10.1 asks you to build tensor parallelism yourself, with the all-reduces in your own "
+             "autograd Functions f and g; DTensor, DeviceMesh and parallelize_module come right after it in the lesson")
+
+
+def _pipeline_reason(number: str) -> str:
+    return (f"Exercise {number} builds the pipeline schedule yourself and moves activations and gradients between "
+            "stages with send, recv, isend and irecv only; torch.distributed.pipelining comes right after it in the "
+            "lesson")
+
 #: Runs of the answer being graded, shared by its parts: the parts of an exercise read different
 #: things from the same run (a seed drawn at grading time, once per run), so grading one answer
 #: launches each case once instead of once per part. Only successful runs are kept, and only
@@ -117,6 +131,8 @@ exercise_10_1 = Exercise(
              "weight.", _tp_shards),
     ),
     visible_check=_tp_self_check,
+    forbid=(DTENSOR,),  # dist.all_reduce stays on: f and g are made of it
+    forbid_reason=TP_REASON,
     hints={"RuntimeError": "If it is about shapes that cannot be multiplied, check the dimension you split: "
                            "nn.Linear keeps its weight as (out_features, in_features), so fc1's output features "
                            "are its weight's rows and fc2's input features its weight's columns."},
@@ -177,8 +193,8 @@ exercise_10_2 = Exercise(
         Part("no_hang", 1, "finishes promptly with 2, 3 and 4 stages and 8 micro-batches.", _gpipe_no_hang),
     ),
     visible_check=_pipeline_self_check("GPipe", ((3, 4),), (judge_gradients, judge_messages, judge_bubble)),
-    forbid=COLLECTIVES,
-    forbid_reason="Exercise 10.2 moves activations and gradients between stages with send, recv, isend and irecv only",
+    forbid=COLLECTIVES + (PIPELINING,),
+    forbid_reason=_pipeline_reason("10.2"),
 )
 
 exercise_10_3 = Exercise(
@@ -194,8 +210,8 @@ exercise_10_3 = Exercise(
              _pipeline_part(judge_bubble, ONE_F_ONE_B_CASES, schedule_name="1F1B")),
     ),
     visible_check=_pipeline_self_check("1F1B", ((3, 6),), (judge_gradients, judge_memory, judge_bubble)),
-    forbid=COLLECTIVES,
-    forbid_reason="Exercise 10.3 moves activations and gradients between stages with send, recv, isend and irecv only",
+    forbid=COLLECTIVES + (PIPELINING,),
+    forbid_reason=_pipeline_reason("10.3"),
 )
 
 EXERCISES = (exercise_10_1, exercise_10_2, exercise_10_3)

@@ -6,7 +6,6 @@
 - :func:`by_world_size`: cases grouped so that each world size is one launch;
 - :func:`silent_ranks`: ranks that sent or received no point-to-point message (from a trace);
 - :func:`plural`: ``"1 rank"``, ``"3 ranks"``;
-- :func:`switched_off`: whole torch APIs refused inside a rank for the length of a check's run;
 - :func:`recorded`: the learner's code run on a rank with its ``torch.distributed`` calls recorded;
 - :func:`read_before_wait`: whether those calls left data that was still arriving (an ``irecv`` or an
   asynchronous collective) for the learner to read.
@@ -16,14 +15,13 @@ They ship to learners with the kit (the self-checks use them).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from helpers import LaunchResult
 
 __all__ = ["call_learner", "plural", "seeded_tensor", "Difference", "first_difference", "by_world_size", "silent_ranks",
-           "switched_off", "recorded", "read_before_wait", "HALF_FINISHED"]
+           "recorded", "read_before_wait", "HALF_FINISHED"]
 
 #: What a check adds when wrong values come with an answer that used data still arriving.
 HALF_FINISHED = ("The values look like a half-finished exchange: a buffer filled by dist.irecv, or by a collective "
@@ -143,46 +141,6 @@ def silent_ranks(
         if word:
             found.append((rank, word))
     return found
-
-
-@contextmanager
-def switched_off(classes: dict[str, tuple[Any, str]], reason: str) -> Iterator[None]:
-    """Inside a rank, for the ``with`` block: constructing any of these classes raises ForbiddenCallError.
-
-    ``classes`` maps the name the learner reads (``"torch.distributed.device_mesh.DeviceMesh"``)
-    to ``(class, forbid name)``. The class's own ``__init__`` is replaced and put back after the
-    block, so it is refused however the learner reached the class (imported before, under
-    another name, through a function that builds one). It stands in for a ``forbid=`` name for
-    a whole API until the ranks' instrument takes one (see /work/notes/l10-trace-needs.md).
-
-    >>> class Thing:
-    ...     pass
-    >>> with switched_off({"Thing": (Thing, "things")}, "make it yourself"):
-    ...     try:
-    ...         Thing()
-    ...     except Exception as err:
-    ...         print(err)
-    Thing is switched off here: make it yourself
-    >>> type(Thing()).__name__                      # back as it was after the block
-    'Thing'
-    """
-    from helpers import ForbiddenCallError
-
-    saved = []
-    for label, (cls, name) in classes.items():
-        def refuse(*args: Any, _label: str = label, _name: str = name, **kwargs: Any) -> None:
-            raise ForbiddenCallError(_label, reason, "api", _name)
-
-        saved.append((cls, cls.__dict__.get("__init__")))
-        cls.__init__ = refuse
-    try:
-        yield
-    finally:
-        for cls, init in reversed(saved):
-            if init is None:
-                del cls.__init__
-            else:
-                cls.__init__ = init
 
 
 def recorded(call: Callable[[], Any]) -> tuple[Any, list]:

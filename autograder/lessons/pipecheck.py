@@ -6,9 +6,12 @@ with a course-made :class:`helpers.pipeline.Stage`: rank s holds layer s of a ch
 ``microbatches`` is the same list of m ``(inputs, targets)`` pairs on every rank.
 
 - :func:`pipeline_worker` (on the ranks): builds the layers and data for a seed drawn at
-  grading time, runs the learner's schedule with every collective and torch's own pipelining
-  and DTensor switched off, and returns the stage's record (its forwards and backwards merged
-  with its traced sends and receives), the layer's gradients and the one-process reference;
+  grading time, runs the learner's schedule, and returns the stage's record (its forwards and
+  backwards merged with its traced sends and receives), the layer's gradients and the
+  one-process reference. Every collective (functional ones included, however they are
+  reached) and ``torch.distributed.pipelining`` are switched off by the exercises'
+  ``forbid`` (:mod:`autograder.lessons.lesson10`), so activations and gradients can only
+  travel by point-to-point messages;
 - :func:`judge_gradients`, :func:`judge_messages`, :func:`judge_bubble`, :func:`judge_memory`:
   the feedback. The bubble is read from :class:`helpers.schedule.Schedule`, the records
   replayed on a logical clock (a forward 1 unit, a backward 2, a message none), so it is
@@ -29,15 +32,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .kit import Attempt
-from .pieces import plural, switched_off
+from .pieces import plural
 
 __all__ = ["WIDTH", "ROWS", "pipeline_worker", "judge_gradients", "judge_messages", "judge_bubble", "judge_memory",
-           "PIPELINING_REASON", "TOLERANCE"]
+           "TOLERANCE"]
 
 WIDTH, ROWS = 6, 3  # each layer is Linear(6, 6); each micro-batch has 3 rows
 TOLERANCE = 1e-5  # float32: one process and the pipeline add the micro-batches in other orders
-PIPELINING_REASON = ("this exercise builds the pipeline schedule yourself, from send, recv, isend and irecv; "
-                     "torch.distributed.pipelining comes right after it in the lesson")
 
 
 def _model(seed: int, stages: int):
@@ -68,25 +69,6 @@ def _reference(layers: list, microbatches: list) -> list[list]:
     return [[p.grad.clone() for p in layer.parameters()] for layer in layers]
 
 
-def _apis() -> dict[str, tuple[Any, str]]:
-    """torch's pipelining and DTensor classes, by the name feedback shows (those this torch has)."""
-    classes = {}
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        classes["torch.distributed.device_mesh.DeviceMesh"] = (DeviceMesh, "DTensor")
-    except ImportError:
-        pass
-    try:
-        from torch.distributed.pipelining import schedules, stage
-
-        classes["torch.distributed.pipelining's PipelineStage"] = (stage._PipelineStageBase, "pipelining")
-        classes["torch.distributed.pipelining's schedules"] = (schedules._PipelineSchedule, "pipelining")
-    except (ImportError, AttributeError):
-        pass
-    return classes
-
-
 def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int) -> dict[str, Any]:
     """The learner's schedule on this rank's stage; its record, gradients and the reference."""
     import torch
@@ -98,8 +80,7 @@ def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int)
     module = layer if rank == world_size - 1 else torch.nn.Sequential(layer, torch.nn.Tanh())
     stage = Stage(module, (ROWS, WIDTH), (ROWS, WIDTH))
     microbatches = _microbatches(seed, m)
-    with switched_off(_apis(), PIPELINING_REASON):
-        fn(stage, [(x.clone(), t.clone()) for x, t in microbatches])
+    fn(stage, [(x.clone(), t.clone()) for x, t in microbatches])
     reference = _reference(_model(seed, world_size), microbatches)[rank]
     return {
         "record": stage.record(),

@@ -7,8 +7,9 @@
 - :func:`reference_params`: one process on the whole batch with the unsharded optimizer (and,
   to name a mistake, the same with the gradients summed over the ranks instead of averaged);
 - :func:`sharded_worker` (on the ranks): ``steps`` steps through the learner's
-  ``ShardedOptimizer``, with torch's own sharding switched off (:func:`torch_sharding_off`);
-  returns the parameters, the calls each ``step()`` made, and the optimizer state it holds;
+  ``ShardedOptimizer``; returns the parameters, the calls each ``step()`` made, and the
+  optimizer state it holds (torch's own ZeroRedundancyOptimizer and FSDP are switched off by
+  the exercise's ``forbid``, in :mod:`autograder.lessons.lesson09`);
 - :func:`exchange_problem`: the traffic rule of ZeRO-1, one reduce-scatter-shaped and one
   all-gather-shaped exchange per step, made with the built-in collectives or by hand.
 
@@ -19,12 +20,10 @@ ships to learners with it (the self-check uses it).
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 __all__ = ["OPTIMIZERS", "SLACK", "graded_model", "graded_batch", "model_sizes", "reference_params",
-           "torch_sharding_off", "sharded_worker", "optimizer_state", "exchange_problem", "REDUCE_SCATTERS",
-           "ALL_GATHERS"]
+           "sharded_worker", "optimizer_state", "exchange_problem", "REDUCE_SCATTERS", "ALL_GATHERS"]
 
 #: The optimizers tried, with their settings: (torch.optim class name, keyword arguments).
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -111,47 +110,6 @@ def reference_params(case: dict, world_size: int, summed: bool = False) -> list:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _refuser(call: str, reason: str) -> Callable:
-    from helpers import ForbiddenCallError
-
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise ForbiddenCallError(call, reason, "sharding", call.rsplit(".", 1)[-1])
-
-    return refuse
-
-
-@contextmanager
-def torch_sharding_off(reason: str) -> Iterator[None]:
-    """Inside: torch's ZeroRedundancyOptimizer, FSDP (FullyShardedDataParallel) and FSDP2 (fully_shard) raise.
-
-    Each is refused where every way of calling it passes: ZeroRedundancyOptimizer's and
-    FullyShardedDataParallel's constructors, and the constructor of the state fully_shard
-    attaches to every module it shards (whichever of its public or private names it was
-    imported by, on torch 2.4 to 2.14). Put back on the way out.
-    """
-    import importlib
-
-    targets = [("torch.distributed.optim", "ZeroRedundancyOptimizer", "torch.distributed.optim.ZeroRedundancyOptimizer"),
-               ("torch.distributed.fsdp", "FullyShardedDataParallel", "torch.distributed.fsdp.FullyShardedDataParallel")]
-    for module in ("torch.distributed.fsdp._fully_shard._fsdp_state", "torch.distributed._composable.fsdp._fsdp_state"):
-        targets.append((module, "FSDPState", "torch.distributed.fsdp.fully_shard"))
-    saved = []
-    for module_name, cls_name, label in targets:
-        try:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-        except (ImportError, AttributeError):
-            continue  # this torch has no such module
-        if any(cls is done for done, _ in saved):
-            continue
-        saved.append((cls, vars(cls)["__init__"]))
-        cls.__init__ = _refuser(label, reason)
-    try:
-        yield
-    finally:
-        for cls, init in saved:
-            cls.__init__ = init
-
-
 def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
     """Bytes of state, and elements stepped, of every torch optimizer reachable from ``root``'s attributes.
 
@@ -189,13 +147,14 @@ def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
     return {"optimizers": len(found), "state_bytes": state_bytes, "stepped": stepped}
 
 
-def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict, reason: str) -> dict[str, Any]:
+def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dict[str, Any]:
     """``case["steps"]`` steps through the learner's ``cls(model.parameters(), optimizer, **kwargs)``.
 
     Each rank trains on its own equal slice of every batch; the check clears the gradients
     itself (``model.zero_grad(set_to_none=True)``) and calls ``step()``. Returns the
-    parameters, each step's calls as ``(op, bytes, is_send)``, what the optimizer holds
-    (:func:`optimizer_state`), and on rank 0 the one-process references.
+    parameters, each step's calls as ``(op, bytes, is_send)`` (every collective the trace
+    sees, however it was made, and the point-to-point calls of a hand-made ring), what the
+    optimizer holds (:func:`optimizer_state`), and on rank 0 the one-process references.
     """
     import torch.nn.functional as F
 
@@ -204,26 +163,25 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict, reason
     inst = current()
     tracing = inst.tracing if inst is not None else False
     calls: list[list[tuple]] = []
-    with torch_sharding_off(reason):
-        model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
-        optimizer, kwargs = _optimizer(case["optimizer"])
-        opt = cls(model.parameters(), optimizer, **kwargs)
-        if inst is not None:
-            inst.tracing = True  # record each step's calls as events, read back below
-        try:
-            for step in range(case["steps"]):
-                x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
-                mine = slice(rank * case["per_rank"], (rank + 1) * case["per_rank"])
-                model.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x[mine]), y[mine]).backward()
-                if inst is not None:
-                    inst.take_events()
-                opt.step()
-                events = inst.take_events() if inst is not None else []
-                calls.append([(e.op, e.nbytes or 0, e.is_send) for e in events if not e.is_recv])
-        finally:
+    model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
+    optimizer, kwargs = _optimizer(case["optimizer"])
+    opt = cls(model.parameters(), optimizer, **kwargs)
+    if inst is not None:
+        inst.tracing = True  # record each step's calls as events, read back below
+    try:
+        for step in range(case["steps"]):
+            x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
+            mine = slice(rank * case["per_rank"], (rank + 1) * case["per_rank"])
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
             if inst is not None:
-                inst.tracing = tracing
+                inst.take_events()
+            opt.step()
+            events = inst.take_events() if inst is not None else []
+            calls.append([(e.op, e.nbytes or 0, e.is_send) for e in events if not e.is_recv])
+    finally:
+        if inst is not None:
+            inst.tracing = tracing
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "names": [name for name, _ in model.named_parameters()],

@@ -4,13 +4,16 @@ The learner's ``TensorParallelMLP(fc1, fc2)`` gets the two full layers of
 ``y = fc2(gelu(fc1(x)))`` (the same on every rank) and keeps 1/p of each weight: fc1 split
 by output features (the rows of ``fc1.weight``), fc2 by input features (its columns), fc2's
 bias whole on every rank, added once after the sum. Its forward makes one all-reduce (g), its
-backward one more (f, for the input's gradient).
+backward one more (f, for the input's gradient). Every all-reduce the ranks' trace sees counts,
+however it was made: ``dist.all_reduce``, a ``ProcessGroup``'s ``allreduce`` or a functional
+collective; the exercise switches DTensor off (``forbid=DTENSOR``, in
+:mod:`autograder.lessons.lesson10`), so the learner places both all-reduces themselves.
 
 - :func:`mlp_worker` (on the ranks): builds the layers and data for a seed drawn at grading
-  time, the learner's module (with DTensor's DeviceMesh switched off), one forward and
-  backward; it returns the output, the gradients, what each parameter holds (which slice of
-  which full weight, see :func:`identify`), the calls made in forward and in backward, and
-  on rank 0 the one-process reference;
+  time, the learner's module, one forward and backward; it returns the output, the
+  gradients, what each parameter holds (which slice of which full weight, see
+  :func:`identify`), the calls made in forward and in backward, and on rank 0 the
+  one-process reference;
 - :func:`judge_forward`, :func:`judge_backward`, :func:`judge_communication`,
   :func:`judge_shards`: feedback that names the mistake with the values.
 
@@ -30,15 +33,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .kit import Attempt
-from .pieces import plural, switched_off
+from .pieces import plural
 
 __all__ = ["SIZES", "mlp_worker", "identify", "describe", "judge_forward", "judge_backward", "judge_communication",
-           "judge_shards", "TOLERANCE", "DTENSOR_REASON"]
+           "judge_shards", "TOLERANCE"]
 
 SIZES = {"d": 8, "hidden": 12, "rows": 5}  # divisible by 1, 2 and 4: every split is even
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
-DTENSOR_REASON = ("Exercise 10.1 asks for tensor parallelism built from dist.all_reduce; DTensor, DeviceMesh and "
-                  "parallelize_module come right after it in the lesson")
 ITEM = {"float32": 4, "float64": 8}
 
 
@@ -123,7 +124,6 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
     A forward that returns no tensor of the input's shape gets no backward.
     """
     import torch
-    from torch.distributed.device_mesh import DeviceMesh
 
     from helpers._runtime.instrument import current
 
@@ -134,22 +134,21 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
     x.requires_grad_(True)
     inst = current()
     tracing = inst.tracing if inst is not None else False
-    with switched_off({"torch.distributed.device_mesh.DeviceMesh": (DeviceMesh, "DTensor")}, DTENSOR_REASON):
-        model = cls(fc1, fc2)
-        params = dict(model.named_parameters())
-        dtensors = [name for name, p in params.items() if type(p).__name__ == "DTensor" or
-                    type(getattr(p, "data", None)).__name__ == "DTensor"]
-        y, forward_calls, backward_calls, forward_ok = None, [], [], False
-        if run and inst is not None:
-            inst.tracing = True  # this rank's calls as events, read back after each phase
-            inst.take_events()
-        if run:
-            y = model(x)
-            forward_calls = [(e.op, e.nbytes) for e in inst.take_events()] if inst is not None else []
-        forward_ok = isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad
-        if forward_ok:
-            (y * w).sum().backward()
-            backward_calls = [(e.op, e.nbytes) for e in inst.take_events()] if inst is not None else []
+    model = cls(fc1, fc2)
+    params = dict(model.named_parameters())
+    dtensors = [name for name, p in params.items() if type(p).__name__ == "DTensor" or
+                type(getattr(p, "data", None)).__name__ == "DTensor"]
+    y, forward_calls, backward_calls, forward_ok = None, [], [], False
+    if run and inst is not None:
+        inst.tracing = True  # this rank's calls as events, read back after each phase
+        inst.take_events()
+    if run:
+        y = model(x)
+        forward_calls = _calls(inst)
+    forward_ok = isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad
+    if forward_ok:
+        (y * w).sum().backward()
+        backward_calls = _calls(inst)
     if inst is not None:
         inst.tracing = tracing
     shards = {name: {"where": identify(p.detach(), full, world_size), "shape": tuple(p.shape), "nbytes":
@@ -161,6 +160,12 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
         "full_shapes": {name: tuple(t.shape) for name, t in full.items()},
         "reference": _reference(fc1, fc2, x.detach(), w, world_size) if rank == 0 else None,
     }
+
+
+def _calls(inst: Any) -> list[tuple[str, int | None, str | None]]:
+    """The calls this rank made since the last look: ``(op, bytes, via)``, ``via`` saying how a
+    collective was made (None: a ``torch.distributed`` function)."""
+    return [(e.op, e.nbytes, e.via) for e in inst.take_events()] if inst is not None else []
 
 
 def _where(world_size: int, dtype_name: str) -> str:
@@ -178,7 +183,7 @@ def _no_dtensor(attempt: Attempt, replies: list[dict], where: str) -> None:
     for rank, reply in enumerate(replies):
         if reply["dtensors"]:
             attempt.fail(f"{where}, rank {rank}'s module holds DTensor parameters ({', '.join(reply['dtensors'])}). "
-                         "Keep each shard as a plain torch.nn.Parameter and communicate with dist.all_reduce.")
+                         "Keep each shard as a plain torch.nn.Parameter and place the all-reduces yourself, in f and g.")
 
 
 def judge_forward(attempt: Attempt, world_size: int, dtype_name: str, replies: list[dict]) -> None:
@@ -203,7 +208,7 @@ def judge_forward(attempt: Attempt, world_size: int, dtype_name: str, replies: l
         elif world_size > 1 and _close(y - ref["y"], ((world_size - 1) * ref["bias"]).expand_as(y), dtype_name):
             hint = (f" It exceeds the right output by {world_size - 1} x fc2's bias: every rank added the bias before "
                     "the all-reduce, so the sum counts it once per rank. Add it once, after the all-reduce.")
-        elif any(op == "all_reduce" and n != y.numel() * y.element_size() for op, n in reply["forward"]):
+        elif any(op == "all_reduce" and n != y.numel() * y.element_size() for op, n, _ in reply["forward"]):
             hint = (" Its forward all-reduced a tensor of another size than the output: after a column split each "
                     "rank holds whole features of the hidden layer, not partial sums, so nothing needs summing "
                     "there; it is fc2's output that must be all-reduced.")
@@ -268,22 +273,37 @@ def _slice(value, how: str, block: int, world_size: int):
     return value.chunk(world_size, dim=1 if how == "columns" else 0)[block]
 
 
+#: How a collective was made, by its trace event's ``via``, as feedback words it.
+_VIA = {None: "", "process_group": " (a ProcessGroup method)", "functional": " (a functional collective)"}
+_MISSING = {"forward": " g's forward must sum fc2's partial outputs over the ranks: call dist.all_reduce there.",
+            "backward": (" f's backward must sum the input's gradient over the ranks: write f as a "
+                         "torch.autograd.Function whose backward calls dist.all_reduce (autograd does not see a "
+                         "dist.all_reduce, so one made in forward has no backward).")}
+
+
 def judge_communication(attempt: Attempt, world_size: int, dtype_name: str, replies: list[dict]) -> None:
-    """Exactly one all-reduce of the output's size in forward, one of the input's size in backward, nothing else."""
+    """Exactly one all-reduce of the output's size in forward, one of the input's size in backward, nothing else.
+
+    Every all-reduce the trace sees counts, whichever way it was made (``dist.all_reduce``,
+    ``ProcessGroup.allreduce``, a functional collective): DTensor is switched off, so each one
+    is a call the learner placed in f or g themselves.
+    """
     where = _where(world_size, dtype_name)
     _no_dtensor(attempt, replies, where)
     want = SIZES["rows"] * SIZES["d"] * ITEM[dtype_name]
     for rank, reply in enumerate(replies):
         for phase, what in (("forward", "fc2's output (g)"), ("backward", "the input's gradient (f)")):
             calls = reply[phase]
-            if calls == [("all_reduce", want)]:
+            if [(op, n) for op, n, _ in calls] == [("all_reduce", want)]:
                 continue
-            seen = ", ".join(f"{op} of {n} bytes" for op, n in calls) or "no call at all"
-            hint = ""
-            if not calls:
-                hint = (" Make it with torch.distributed.all_reduce (the course counts those calls; functional "
-                        "collectives and DTensor are not counted).")
-            elif any(op == "all_reduce" and n != want for op, n in calls):
+            seen = ", ".join(f"{op} of {n} bytes{_VIA.get(via, '')}" for op, n, via in calls) or "no call at all"
+            hint = _MISSING[phase] if not calls else ""
+            if phase == "backward" and [(op, n) for op, n, _ in calls].count(("all_reduce", want)) > 1:
+                hint = (" g's all-reduce was differentiated too: an all-reduce that autograd differentiates by itself "
+                        "(torch.distributed.nn.functional.all_reduce, or a functional collective) sums the gradient "
+                        "again in backward. Call it inside g, your own autograd Function, whose backward passes the "
+                        "gradient through.")
+            if any(op == "all_reduce" and n != want for op, n, _ in calls):
                 hint = (f" An all-reduce of another size sums a tensor other than {what}: after fc1's column split "
                         "the hidden activations are whole features and need no sum.")
             attempt.fail(f"{where}, rank {rank}'s {phase} made {seen}; it should make exactly one all-reduce, of "

@@ -11,9 +11,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .checks import check_imports, check_no_markup, check_notebook
-from .project import GITIGNORE, README, learner_environment, learner_makefile, learner_pyproject, load_toml
-from .prune import INIT_DOCSTRING, prune_lesson, with_docstring
+from ..course import colab
+from .checks import check_colab, check_imports, check_no_markup, check_notebook, is_placeholder
+from .project import (GITIGNORE, grading_limits, learner_environment, learner_makefile, learner_nbgrader_config,
+                      learner_pyproject, load_toml)
+from .prune import GRADING_DOCSTRING, INIT_DOCSTRING, prune_lesson, with_docstring
+from .readme import learner_readme
 from .rules import DEFAULT_DIR, JUNK, KEPT_MODULES, LESSON, ROOT, ReleaseError
 
 __all__ = ["build", "main"]
@@ -36,32 +39,42 @@ def _tracked(root: Path, folder: str) -> list[str]:
     return names
 
 
-def _contents(root: Path) -> dict[str, str | Path]:
-    """Every file of the release: its path inside it, and either a source file or the text to write."""
+def _contents(root: Path, name: str, repository: str, allow_placeholder: bool) -> dict[str, str | Path]:
+    """Every file of the release ``name`` (its folder's name): its path inside it, and either a source file or the
+    text to write. ``repository`` is the Colab address the notebooks must carry (see :func:`check_colab`)."""
     files: dict[str, str | Path] = {}
-    for name in _tracked(root, "course"):
-        if name == "course/README.md":  # a note for instructors on how course/ is made
+    for rel in _tracked(root, "course"):
+        if rel == "course/README.md":  # a note for instructors on how course/ is made
             continue
-        if name.endswith(".ipynb"):
-            check_notebook(root / name, name)
-        files[name] = root / name
-    for name in _tracked(root, "helpers"):
-        files[name] = root / name
+        if rel.endswith(".ipynb"):
+            check_notebook(root / rel, rel)
+        files[rel] = root / rel
+    draft = check_colab({n: p for n, p in files.items() if n.endswith(".ipynb")}, repository, allow_placeholder)
+    for rel in _tracked(root, "helpers"):
+        files[rel] = root / rel
     package = root / "autograder"
     files["autograder/__init__.py"] = with_docstring((package / "__init__.py").read_text(), INIT_DOCSTRING)
+    rewritten = {"grading/__init__": GRADING_DOCSTRING}
     for module in KEPT_MODULES:
-        files[f"autograder/{module}.py"] = package / f"{module}.py"
+        source = package / f"{module}.py"
+        files[f"autograder/{module}.py"] = (with_docstring(source.read_text(), rewritten[module])
+                                            if module in rewritten else source)
     for path in sorted((package / "lessons").glob("lesson*.py")):
         if LESSON.match(path.stem):
             files[f"autograder/lessons/{path.name}"] = prune_lesson(path.read_text(), path.stem)
     main = load_toml(root / "pyproject.toml")
     env_name = re.search(r"^name:\s*(\S+)", (root / "environment.yml").read_text(), re.M)
     env_name = env_name[1] if env_name else "distributed-course"
+    limits = grading_limits(root)
     files["pyproject.toml"] = learner_pyproject(main)
     files["environment.yml"] = learner_environment(main, env_name)
     files["Makefile"] = learner_makefile((root / "Makefile").read_text())
-    files["README.md"] = README.format(python=main["project"]["requires-python"].replace(">=", "") + " or newer",
-                                        env_name=env_name)
+    files["nbgrader_config.py"] = learner_nbgrader_config(limits)
+    files["README.md"] = learner_readme(
+        python=main["project"]["requires-python"].replace(">=", "") + " or newer", env_name=env_name,
+        clone=None if draft else f"{repository.rstrip('/').removesuffix('.git')}.git", archive=f"{name}.tar.gz",
+        folder=name, cell_timeout=limits.get("Execute", {}).get("timeout", 30),  # 30: nbgrader's default
+        placeholder=repository if draft else None)
     files[".gitignore"] = GITIGNORE
     return files
 
@@ -92,19 +105,23 @@ def _replaceable(dest: Path, root: Path) -> None:
                                f"elsewhere, for example into {root / DEFAULT_DIR}.")
 
 
-def build(dest: Path, root: Path = ROOT) -> Path:
+def build(dest: Path, root: Path = ROOT, *, repository: str | None = None, allow_colab_placeholder: bool = False
+          ) -> Path:
     """Build the learner distribution into ``dest`` (replacing an earlier release there) and ``dest.tar.gz``.
 
     A ``.git`` folder in ``dest`` is kept, so ``dest`` can stay a checkout of the published
     learner repository: build, then commit and push there. Returns ``dest``. Raises
-    :class:`ReleaseError` when what would ship is not right.
+    :class:`ReleaseError` when what would ship is not right, and while ``repository`` (default:
+    ``REPOSITORY`` in :mod:`autograder.course.colab`) is the placeholder, unless
+    ``allow_colab_placeholder``: then the release's README warns that the Colab badges do not work.
     """
     dest = Path(dest).absolute()
     _replaceable(dest, root)
+    files = _contents(root, dest.name, repository or colab.REPOSITORY, allow_colab_placeholder)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        _write(staging, _contents(root))
+        _write(staging, files)
         check_imports(staging, root)
         check_no_markup(staging)
         if (dest / ".git").exists():
@@ -127,14 +144,19 @@ def build(dest: Path, root: Path = ROOT) -> Path:
     return dest
 
 
+USAGE = "usage: python -m autograder release [--allow-colab-placeholder] [DIR]   (default DIR: dist/learner-course)"
+
+
 def main(argv: list[str]) -> int:
-    """``python -m autograder release [DIR]``: build, then say where it went and how big it is."""
-    if len(argv) > 1 or argv and argv[0].startswith("-"):
-        print("usage: python -m autograder release [DIR]   (default: dist/learner-course)", file=sys.stderr)
+    """``python -m autograder release [--allow-colab-placeholder] [DIR]``: build, then say where it went and how big."""
+    draft = "--allow-colab-placeholder" in argv
+    rest = [a for a in argv if a != "--allow-colab-placeholder"]
+    if len(rest) > 1 or any(a.startswith("-") for a in rest):
+        print(USAGE, file=sys.stderr)
         return 2
-    dest = Path(argv[0]) if argv else ROOT / DEFAULT_DIR
+    dest = Path(rest[0]) if rest else ROOT / DEFAULT_DIR
     try:
-        out = build(dest)
+        out = build(dest, allow_colab_placeholder=draft)
     except ReleaseError as err:
         print(f"release: {err}", file=sys.stderr)
         return 1
@@ -142,7 +164,12 @@ def main(argv: list[str]) -> int:
     size = sum((out / n).stat().st_size for n in names)
     archive = out.parent / f"{out.name}.tar.gz"
     print(f"Learner course written to {out} ({len(names)} files, {size / 1e6:.1f} MB) and {archive} "
-          f"({archive.stat().st_size / 1e6:.1f} MB).\nPublish the folder as its own git repository, set REPOSITORY "
-          "in autograder/course/colab.py to its address and run `make course` (see docs/instructors.md, Publishing the "
-          "course).")
+          f"({archive.stat().st_size / 1e6:.1f} MB).")
+    if is_placeholder(colab.REPOSITORY):
+        print("Draft: REPOSITORY in autograder/course/colab.py is still the placeholder, so the Colab badges do not "
+              "work, and the release's README says so at the top. Set REPOSITORY, run `make course` and build again "
+              "before you publish (docs/instructors.md, Publishing the course).", file=sys.stderr)
+    else:
+        print("Publish the folder as the learner repository that REPOSITORY in autograder/course/colab.py names (see "
+              "docs/instructors.md, Publishing the course).")
     return 0

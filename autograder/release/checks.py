@@ -1,14 +1,16 @@
-"""Checks on what ships: no kept module imports one left out, no notebook has outputs or markup."""
+"""Checks on what ships: no kept module imports one left out, no notebook has outputs or markup,
+and the notebooks' Colab cells point at a published course."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 from .rules import KEPT_MODULES, MARKUP, ReleaseError
 
-__all__ = ["check_imports", "check_notebook", "check_no_markup"]
+__all__ = ["check_imports", "check_notebook", "check_no_markup", "check_colab", "is_placeholder"]
 
 
 def _imported_modules(path: Path, package: str) -> list[tuple[int, str, bool]]:
@@ -82,3 +84,49 @@ def check_no_markup(out: Path) -> None:
         if hit:
             raise ReleaseError(f"{path.relative_to(out)} contains {hit!r}: solution or hidden-test markup must never "
                                "reach learners. Regenerate course/ with `make course`, or remove the text.")
+
+
+def _placeholder_refused(placeholder: str) -> ReleaseError:
+    return ReleaseError(
+        f"REPOSITORY in autograder/course/colab.py is still the placeholder {placeholder}, which holds no course: "
+        "every notebook's Open in Colab badge and set-up cell would point there, and learners on Colab could not "
+        "start. Create the learner repository on GitHub (empty for now), set REPOSITORY to its address, run `make "
+        "course` and commit, then build the release again (docs/instructors.md, Publishing the course). To build a "
+        "draft to try out first, run `python -m autograder release --allow-colab-placeholder [DIR]`: its README then "
+        "says at the top that the Colab badges do not work."
+    )
+
+
+def is_placeholder(repository: str) -> bool:
+    """Whether ``repository`` is :data:`autograder.course.colab.PLACEHOLDER`, the address no course is published at."""
+    from ..course.colab import PLACEHOLDER
+
+    return repository.rstrip("/").removesuffix(".git") == PLACEHOLDER
+
+
+def check_colab(notebooks: dict[str, Path], repository: str, allow_placeholder: bool = False) -> bool:
+    """Fail unless every notebook's Colab badge and set-up cell point at ``repository``, and it is not the placeholder.
+
+    ``notebooks`` maps each notebook's path in the release (``course/<lesson>/<lesson>.ipynb``) to
+    its file. With ``allow_placeholder`` the placeholder passes (a draft); returns whether it is one.
+    """
+    from ..course.colab import BADGE_ID, PLACEHOLDER, SETUP_ID, colab_url
+
+    draft = is_placeholder(repository)
+    if draft and not allow_placeholder:
+        raise _placeholder_refused(PLACEHOLDER)
+    for rel, path in sorted(notebooks.items()):
+        cells = {c.get("id"): c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+                 for c in json.loads(path.read_text())["cells"]}
+        lesson = Path(rel).parent.name
+        try:
+            badge = colab_url(lesson, repository)
+        except ValueError as err:
+            raise ReleaseError(str(err)) from None
+        if badge not in cells.get(BADGE_ID, "") or f'"{repository}.git"' not in cells.get(SETUP_ID, ""):
+            found = re.search(r"colab\.research\.google\.com/github/([^/\s)]+/[^/\s)]+)", cells.get(BADGE_ID, ""))
+            where = f"github.com/{found[1]}" if found else f"no Colab badge (cell id {BADGE_ID!r})"
+            raise ReleaseError(f"{rel} points learners on Colab at {where}, but REPOSITORY in "
+                               f"autograder/course/colab.py is {repository}. Run `make course` to write the current "
+                               "REPOSITORY into every notebook, commit course/, and build the release again.")
+    return draft

@@ -1,15 +1,18 @@
 """The learner's project files, written from the main ones: pyproject.toml, environment.yml,
-Makefile, README.md and .gitignore."""
+Makefile, nbgrader_config.py and .gitignore (README.md: :mod:`autograder.release.readme`)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-from .rules import ReleaseError
+from .rules import ROOT, ReleaseError
 
-__all__ = ["load_toml", "learner_pyproject", "learner_environment", "learner_makefile", "README", "GITIGNORE"]
+__all__ = ["load_toml", "learner_pyproject", "learner_environment", "learner_makefile", "grading_limits",
+           "learner_nbgrader_config", "GITIGNORE", "HANDIN_FOLDER"]
 
 
 def load_toml(path: Path) -> dict:
@@ -74,19 +77,87 @@ def learner_environment(main: dict, env_name: str) -> str:
     )
 
 
+#: The sections of nbgrader's settings that change what Validate reports: how it runs a notebook.
+VALIDATE_SECTIONS = ("Validator", "Execute")
+
+
+def grading_limits(root: Path) -> dict[str, dict[str, Any]]:
+    """The settings of :data:`VALIDATE_SECTIONS` in ``root/nbgrader_config.py``, read as grading reads them.
+
+    >>> grading_limits(ROOT)["Execute"]["timeout"]
+    90
+    """
+    from traitlets.config.loader import ConfigFileNotFound, PyFileConfigLoader
+
+    try:
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    except ConfigFileNotFound:
+        raise ReleaseError(f"{root / 'nbgrader_config.py'} is missing; the release copies its per-cell limits "
+                           "(Execute.timeout and the like) so that Validate says what grading will say.") from None
+    limits = {section: dict(config[section]) for section in VALIDATE_SECTIONS if config[section]}
+    for section, values in limits.items():
+        for name, value in values.items():
+            try:
+                ok = ast.literal_eval(repr(value)) == value
+            except (ValueError, SyntaxError):
+                ok = False
+            if not ok:
+                raise ReleaseError(f"nbgrader_config.py sets {section}.{name} = {value!r}, which the learner's "
+                                   "nbgrader_config.py cannot write as a plain value; set it to a number, string, "
+                                   "bool, list or dict.")
+    return limits
+
+
+def learner_nbgrader_config(limits: dict[str, dict[str, Any]]) -> str:
+    """The learner's nbgrader_config.py: only ``limits`` (see :func:`grading_limits`), nothing of the instructor's."""
+    lines = [f"c.{section}.{name} = {value!r}" for section, values in limits.items()
+             for name, value in sorted(values.items())]
+    return (
+        '"""nbgrader settings for this course\'s Validate button: the same limits as grading.\n\n'
+        "Validate (the button in a notebook's toolbar, or `nbgrader validate NOTEBOOK`) reads this\n"
+        "file from the folder JupyterLab was started in: this one, with `make lab`. Written by\n"
+        "`python -m autograder release` from the instructor's nbgrader_config.py, so Validate lets\n"
+        "each cell run as long as grading does.\n"
+        '"""\n\n'
+        "c = get_config()  # noqa: F821 - provided by nbgrader's config loader\n\n"
+        + "".join(f"{line}\n" for line in lines)
+    )
+
+
+#: Where ``make handin`` writes the learner's archive (kept out of their git).
+HANDIN_FOLDER = "handin"
 # The main Makefile's paragraphs the learner's one is made of, by how their first line starts.
 _MAKE_PARAGRAPHS = ("PYTHON ", "VENV_PY :=", "venv:", "$(VENV_PY):", "$(STAMP):", "ALLOW_ROOT :=", "lab:",
                     "clean-venv:")
 _MAKE_HEADER = """\
 # The learner course. `make lab` opens it in JupyterLab, building the virtual environment
-# in $(VENV) on first use; `make clean-venv` removes it. Overridable: PYTHON, VENV,
-# TORCH_SPEC, LAB_ARGS, PIP_FLAGS (see README.md).
-# Written by `python -m autograder release` from the course's main Makefile.
+# in $(VENV) on first use; `make clean-venv` removes it; `make check LESSON=05` runs a
+# lesson's self-checks from the command line; `make handin STUDENT=your-name` packs your
+# notebooks for your instructor. Overridable: PYTHON, VENV, TORCH_SPEC, LAB_ARGS, PIP_FLAGS
+# (see README.md). Written by `python -m autograder release`: venv, lab and clean-venv from
+# the course's main Makefile, check and handin for learners only.
+"""
+# The learner's own rules, after those copied from the main Makefile. STUDENT and LESSON
+# given on make's command line reach the hand-in command through the environment.
+_LEARNER_RULES = f"""\
+# Run a lesson's self-checks on its notebook as last saved, without JupyterLab:
+# `make check LESSON=05`, or `make check` for every lesson. Exit status 0 only when all pass.
+LESSON ?=
+check: venv
+	$(VENV_PY) -m autograder.grading.selfcheck $(LESSON)
+
+# Pack your notebooks into {HANDIN_FOLDER}/STUDENT.zip, as <student>/<lesson>/<lesson>.ipynb (the
+# layout your instructor's `make grade` reads): `make handin STUDENT=your-name [LESSON=05]`.
+# Runs with $(PYTHON) alone: no virtual environment, no torch.
+handin:
+	@$(PYTHON) -m autograder.grading.handin --out {HANDIN_FOLDER}
 """
 
 
 def learner_makefile(main: str) -> str:
-    """The learner's Makefile: the main Makefile's ``venv``, ``lab`` and ``clean-venv`` rules, copied.
+    """The learner's Makefile: the main Makefile's ``venv``, ``lab`` and ``clean-venv`` rules, copied,
+    and the learner's own ``check`` (:mod:`autograder.grading.selfcheck`) and ``handin``
+    (:mod:`autograder.grading.handin`).
 
     The paragraphs are taken as they are (the Python check, the torch install, the root
     handling of ``lab``), so the two cannot drift apart; the venv installs the ``course``
@@ -110,75 +181,13 @@ def learner_makefile(main: str) -> str:
                            "'.[course]' in its place. Update learner_makefile in autograder/release/project.py.")
     body = [line for line in stamp.replace("'.[dev]'", "'.[course]'").splitlines() if not line.startswith("#")]
     chosen[4] = "# Install torch (unless the venv has one) and this course with its `course` extra.\n" + "\n".join(body)
-    chosen.insert(2, ".PHONY: venv lab clean-venv")
-    return _MAKE_HEADER + "\n" + "\n\n".join(chosen) + "\n"
+    chosen.insert(2, ".PHONY: venv lab clean-venv check handin")
+    return _MAKE_HEADER + "\n" + "\n\n".join(chosen) + "\n\n" + _LEARNER_RULES
 
 
-README = """\
-# Distributed training with PyTorch, in notebooks
-
-This course teaches `torch.distributed` by running it. Each lesson is a Jupyter notebook in
-`course/`: you start several processes (ranks) from a cell, watch what they send each other,
-and build the pieces yourself, from a ring all-reduce to a small DistributedDataParallel,
-before launching jobs with `torchrun`. An ordinary CPU is enough; with GPUs the same cells
-use NCCL.
-
-## Getting started
-
-Choose one of three ways.
-
-**On your own Linux machine** (Python {python}, `make` and `git`):
-
-```bash
-git clone <the address your instructor gave you> distributed-course
-cd distributed-course
-make lab
-```
-
-The first `make lab` builds a virtual environment in `.venv/` (a few minutes: it installs
-PyTorch), then opens JupyterLab; later runs start at once. To choose the PyTorch build, say
-one for your CUDA version, give its pip arguments the first time, for example
-`make lab TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"`.
-`make clean-venv` deletes the environment so you can start again. Running as root (in a
-container, say) is fine: `make lab` then tells JupyterLab it may.
-
-**With conda**, from this folder:
-
-```bash
-conda env create -f environment.yml
-conda activate {env_name}
-jupyter lab --allow-root course/   # --allow-root: also as root (a container, say)
-```
-
-**On Google Colab**: open a lesson with the *Open in Colab* badge at its top and run its
-first code cell before anything else. It downloads this course into the Colab runtime and
-installs it; on your own machine that cell does nothing.
-
-## Working through the lessons
-
-Go in order, from `00-getting-started`. An exercise is a cell that starts with a comment
-like `# Exercise 4.4: ...`; write your code in place of its `raise NotImplementedError`.
-The cell after it runs a self-check on fresh ranks and prints `Self-check passed` or what
-went wrong. More tests, hidden from you, run when your instructor grades your notebook.
-
-## Handing in
-
-1. Run *Kernel > Restart Kernel and Run All Cells* and check that every self-check passes.
-2. In JupyterLab, press **Validate** in the notebook's toolbar: it runs the notebook afresh
-   and lists anything that fails.
-3. Hand in the notebook file, `course/<lesson>/<lesson>.ipynb`, the way your instructor
-   asks. On Colab, use *File > Download > Download .ipynb*.
-
-## What is in this folder
-
-- `course/`: the lessons.
-- `helpers/`: the package the notebooks use to start ranks, trace them and show the results.
-- `autograder/`: the exercises' self-checks.
-- `MANIFEST.txt`: every file of the course.
-"""
-
-GITIGNORE = """\
+GITIGNORE = f"""\
 .venv/
+{HANDIN_FOLDER}/
 __pycache__/
 *.py[cod]
 *.egg-info/

@@ -3,7 +3,7 @@
 :func:`prune_lesson` rewrites ``autograder/lessons/lessonNN.py`` so that each ``Part``'s check
 becomes :func:`autograder.lessons.kit.HIDDEN_CHECK`, then drops, round after round, every
 top-level definition and import nothing kept uses any more (the self-checks and what they
-use stay); :data:`INIT_DOCSTRING` is the released package's docstring.
+use stay); :data:`INIT_DOCSTRING` and :data:`GRADING_DOCSTRING` are the released packages' docstrings.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 
 from .rules import ROOT_NAMES, STUB, ReleaseError
 
-__all__ = ["prune_lesson", "with_docstring", "INIT_DOCSTRING"]
+__all__ = ["prune_lesson", "with_docstring", "INIT_DOCSTRING", "GRADING_DOCSTRING"]
 
 
 def _offsets(source: str) -> list[int]:
@@ -271,5 +271,19 @@ ranks, with the same rules the grading uses::
 The hidden tests are not in this copy: they run when your instructor grades the notebook
 you hand in, and ``exercise(...).grade(...)`` says so. Written by
 ``python -m autograder release`` from the course's instructor package.
+"""
+'''
+
+
+GRADING_DOCSTRING = '''"""The learner's commands, as learners get them (the instructor's grading tools stay behind).
+
+- :mod:`~autograder.grading.selfcheck`: ``make check LESSON=05`` runs a lesson's visible
+  self-checks on your saved notebook from the command line.
+- :mod:`~autograder.grading.clean`: how grading reads a notebook: only its imports,
+  functions, classes and constants count; ``make check`` reads it the same way.
+- :mod:`~autograder.grading.handin`: ``make handin STUDENT=your-name`` packs your notebooks
+  into one archive for your instructor.
+
+Written by ``python -m autograder release`` from the course's instructor package.
 """
 '''

@@ -14,11 +14,15 @@ DEFAULT_DIR = Path("dist") / "learner-course"
 
 # The autograder modules learners get besides autograder/__init__.py and the lessons/lessonNN.py
 # files (paths inside autograder/, without .py); every other module stays with the instructor.
+# None of them holds an answer or a hidden test (tests/test_release.py looks for both).
 KEPT_MODULES = (
     "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
     "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
     "lessons/shardcheck",
     "lessons/tpcheck", "lessons/pipecheck",
+    # The learner's commands: `make check` (selfcheck, reading the notebook with clean's reader)
+    # and `make handin`; grading's __init__ ships with a docstring of its own (prune.GRADING_DOCSTRING).
+    "grading/__init__", "grading/clean", "grading/selfcheck", "grading/handin",
 )
 LESSON = re.compile(r"lesson\d{2}$")
 JUNK = re.compile(r"(^|/)(__pycache__|\.ipynb_checkpoints)(/|$)|\.py[cod]$")

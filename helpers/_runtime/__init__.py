@@ -10,7 +10,9 @@ What runs where:
 - in the rank factory, a process that imported torch and forks ranks: :mod:`.factory_process`;
 - in each rank: :mod:`.rank` (its request loop) and :mod:`.instrument` (the wrappers that
   note each torch.distributed call on the board, trace it and switch it off), with
-  :mod:`.callargs`, :mod:`.work` and :mod:`.ddp_watch`;
+  :mod:`.wrapper` (a torch.distributed function's wrapper), :mod:`.pgcalls` (ProcessGroup
+  methods called directly), :mod:`.functional` (the functional collectives), :mod:`.apis`
+  (whole APIs switched off), :mod:`.callargs`, :mod:`.work` and :mod:`.ddp_watch`;
 - shared by all three: :mod:`.protocol` (every message, typed), :mod:`.board` (the shared
   memory where ranks note what they are doing), :mod:`.calls` (the torch.distributed calls
   by name) and :mod:`.wire` (framing and pickling);

@@ -198,6 +198,20 @@ class Board:
 
         return write
 
+    def running_writer(self, rank: int) -> Callable[[int, int, int], None]:
+        """A function that writes "running" in ``rank``'s slot: ``running(seq, world_seq, flags)``.
+
+        What ``writer(rank)("running", None, None, seq, None, None, world_seq, flags)`` writes,
+        with nothing to look up or convert: every wrapped call ends with it.
+        """
+        pack, buffer, offset, clock, phase = _SLOT_FORMAT.pack_into, self._map, rank * _SLOT, time.perf_counter, \
+            _PHASE_INDEX["running"]
+
+        def running(seq: int, world_seq: int, flags: int) -> None:
+            pack(buffer, offset, phase, 0, -1, seq, 0, 0, clock(), world_seq, flags)
+
+        return running
+
     def counter(self, rank: int) -> memoryview:
         """``rank``'s row of message counts, writable in place: ``row[peer * 4 + kind] += 1``
         (``kind`` one of :data:`SENDS_POSTED`, :data:`SENDS_DONE`, :data:`RECVS_POSTED`,

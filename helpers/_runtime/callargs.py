@@ -27,7 +27,10 @@ def nbytes(value: Any) -> int | None:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        try:
+            return value.nbytes  # one call into C: this runs on every call a rank makes
+        except RuntimeError:  # a sparse tensor: its dense size
+            return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
         return sum(v.numel() * v.element_size() for v in value)
     return None

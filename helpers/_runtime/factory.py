@@ -49,14 +49,18 @@ class FactoryError(RuntimeError):
 
 
 class Factory:
-    """The kernel's handle on its rank factory."""
+    """The kernel's handle on its rank factory.
 
-    def __init__(self) -> None:
+    ``prelude`` is Python source the factory process runs before its loop (empty for the
+    kernel's own factory; the tests use it to hold new ranks at a point of their start-up).
+    """
+
+    def __init__(self, prelude: str = "") -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = (
-            "import sys; sys.path.insert(0, %r); "
-            "from helpers._runtime.factory_process import serve; serve(%d)" % (package_parent, child.fileno())
+            "import sys; sys.path.insert(0, %r)\n%s\n"
+            "from helpers._runtime.factory_process import serve; serve(%d)" % (package_parent, prelude, child.fileno())
         )
         env = dict(os.environ)
         env.pop("MPLBACKEND", None)

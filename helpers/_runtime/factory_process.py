@@ -69,6 +69,10 @@ class _Server:
 
     def serve(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts reach ranks through us
+        # A hang report asks for stacks with SIGUSR1, whose default action ends a process.
+        # A rank forked from here inherits SIG_IGN, so one asked before it has installed its
+        # faulthandler (helpers._runtime.rank) sends no stack instead of dying of it.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         try:

@@ -35,11 +35,25 @@ from .rankio import RankIO, RankState
 from .report import Outcome, earliest, in_distributed_call
 from .spec import PG_TIMEOUT_MARGIN, group_spec
 
-__all__ = ["RankGroup"]
+__all__ = ["RankGroup", "START_LIMIT", "start_limit"]
 
 # After an error raised inside torch.distributed, how long to wait for a rank's death
 # that may be its real cause (its peers' calls fail at once when it dies).
 _ECHO_GRACE = 0.5
+
+#: The least time ranks get to start a request, in seconds: to be forked (the factory may
+#: first finish its warm-up import), join the process group and load what was sent (a
+#: function's unpickling imports the modules it uses). Seconds each on a busy machine.
+START_LIMIT = 60.0
+
+
+def start_limit(timeout: float) -> float:
+    """How long ranks get to start a request whose own ``timeout`` is given: :data:`START_LIMIT`, or more.
+
+    >>> start_limit(2.0), start_limit(300.0)
+    (60.0, 300.0)
+    """
+    return max(START_LIMIT, timeout)
 
 
 class RankGroup(RankIO, GroupEnding):
@@ -48,8 +62,10 @@ class RankGroup(RankIO, GroupEnding):
     ``settings`` (:class:`~helpers.settings.LaunchSettings`) says how many ranks, on how
     many simulated hosts, with or without a process group, and which calls are switched off
     (see :meth:`helpers._runtime.instrument.Instrument.forbid`); ``settings.timeout`` is the
-    longest a request will be given, and the process group's own timeout is set above it
-    (:data:`~helpers._runtime.spec.PG_TIMEOUT_MARGIN`). ``init_backend`` is the backend the
+    longest a request will be given once every rank has started it (:meth:`request`), and
+    the process group's own timeout is set above that and the start-up limit together (a
+    rank that started first may wait in a collective for the last one all that time;
+    :data:`~helpers._runtime.spec.PG_TIMEOUT_MARGIN`). ``init_backend`` is the backend the
     process group is made with (``settings.backend`` resolved, :func:`helpers.backend.resolve_backend`).
     """
 
@@ -69,7 +85,7 @@ class RankGroup(RankIO, GroupEnding):
         self.backend = init_backend
         self.nnodes = settings.nnodes
         self.init = settings.init
-        self.pg_timeout = settings.timeout + PG_TIMEOUT_MARGIN
+        self.pg_timeout = start_limit(settings.timeout) + settings.timeout + PG_TIMEOUT_MARGIN
         self.router = router or OutputRouter()
         self.devices = devices
         self.extra_env = extra_env or {}
@@ -148,10 +164,19 @@ class RankGroup(RankIO, GroupEnding):
         *,
         fail_fast: bool = True,
         after_failure: float = 0.0,
+        start: float | None = None,
     ) -> Outcome:
         """Send ``request`` to ``ranks`` and wait for their answers.
 
-        Returns when every rank answered, at the timeout, once a rank failed (at once
+        The wait has two parts. Start-up, up to ``start`` seconds (by default
+        :func:`start_limit` of ``timeout``): until every rank has started the request (said
+        :class:`~helpers._runtime.protocol.Started`, having set up, joined the process group
+        and loaded what was sent; a rank that answered started too). Then the learner's
+        code, up to ``timeout`` seconds from the moment the last rank started. Ranks that do
+        not start in time are ``outcome.unstarted``; a hang is only ever reported about
+        ranks that all started.
+
+        Returns when every rank answered, at either limit, once a rank failed (at once
         with ``fail_fast``, else ``after_failure`` seconds later: time for the others to
         finish on their own), or about a second after ranks it waits for deadlocked in
         point-to-point calls (``outcome.deadlock``; see :mod:`helpers._runtime.deadlock`). Never
@@ -171,18 +196,26 @@ class RankGroup(RankIO, GroupEnding):
             self.ranks[r].state = "busy"
             self.send(r, request)
             pending.add(r)
-        started = time.monotonic()
-        deadline = started + timeout
-        # The deadlock rules rely on gloo's point-to-point semantics (helpers._runtime.deadlock).
-        watch = DeadlockWatch(self.board if "gloo" in self.backend else None, ranks, started,
-                              exited=lambda r: self.ranks[r].state == "exited")
+        unstarted = set(pending)
+        outcome.start_limit = start_limit(timeout) if start is None else start
+        start_by = time.monotonic() + outcome.start_limit
+        begun: float | None = None  # when the last rank started: the learner's time starts
+        watch: DeadlockWatch | None = None
         failed_at = None
         while pending and not (fail_fast and outcome.failures):
             if outcome.failures and failed_at is None:
                 failed_at = time.monotonic()
-                deadline = min(deadline, failed_at + after_failure)
             if self.factory_dead:
                 raise FactoryError(self.factory_dead)
+            unstarted = {r for r in unstarted if r in pending and self.ranks[r].started != rid}
+            if begun is None and not unstarted:
+                begun = time.monotonic()
+                # The deadlock rules rely on gloo's point-to-point semantics (helpers._runtime.deadlock).
+                watch = DeadlockWatch(self.board if "gloo" in self.backend else None, ranks, begun,
+                                      exited=lambda r: self.ranks[r].state == "exited")
+            deadline = start_by if begun is None else begun + timeout
+            if failed_at is not None:
+                deadline = min(deadline, failed_at + after_failure)
             events = self.take_events()  # what arrived while we were doing something else
             if not events:
                 remaining = deadline - time.monotonic()
@@ -204,34 +237,34 @@ class RankGroup(RankIO, GroupEnding):
                 else:
                     outcome.replies[event.rank] = event
                     pending.discard(event.rank)
-            if pending and not outcome.failures:  # after a failure, its error is the story
+            if watch is not None and pending and not outcome.failures:  # after a failure, its error is the story
                 outcome.deadlock = watch.check(pending, outcome.replies)
                 if outcome.deadlock is not None:
                     break
         outcome.pending = sorted(pending)
+        outcome.unstarted = sorted(r for r in unstarted if r in pending and self.ranks[r].started != rid)
         return self._gather_evidence(outcome, rid, marks, aborted=fail_fast and bool(outcome.failures))
 
     def wait_ready(self, timeout: float) -> Outcome:
-        """Wait until every rank has set up its process group (or one failed doing so)."""
-        outcome = Outcome()
+        """Wait until every rank has set up its process group (or one failed doing so);
+        those that had not after ``timeout`` seconds are ``outcome.pending`` and ``outcome.unstarted``."""
+        outcome = Outcome(start_limit=timeout)
         deadline = time.monotonic() + timeout
         while True:
             if self.factory_dead:
                 raise FactoryError(self.factory_dead)
-            starting = [s.rank for s in self.ranks if s.state == "starting"]
-            if not starting:
-                break
-            if time.monotonic() > deadline:
-                outcome.pending = starting
-                break
-            self.poll(0.1)
-            for event in self.take_events():
+            for event in self.take_events():  # before the states: a rank that died is no longer "starting"
                 if isinstance(event, Death):
                     event = self._last_words(event, None)
                 if isinstance(event, (Failure, Death)):
                     outcome.failures.append(event)
-            if outcome.failures:
+            starting = [s.rank for s in self.ranks if s.state == "starting"]
+            if outcome.failures or not starting:
                 break
+            if time.monotonic() > deadline:
+                outcome.pending, outcome.unstarted = starting, list(starting)
+                break
+            self.poll(0.1)
         return self._gather_evidence(outcome, None, {}, aborted=bool(outcome.failures))
 
     def _gather_evidence(self, outcome: Outcome, rid: int | None, marks: dict[int, int], aborted: bool) -> Outcome:

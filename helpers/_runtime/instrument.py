@@ -1,6 +1,10 @@
 """Watching torch.distributed from inside a rank: what it is waiting for, and a trace.
 
-Every rank wraps the public torch.distributed communication functions once, at start.
+Every rank wraps its communication once, at start, in three layers: the public
+torch.distributed functions (:mod:`helpers._runtime.wrapper`), the ``ProcessGroup``
+methods a program may call directly (:mod:`helpers._runtime.pgcalls`) and the functional
+collectives DTensor uses (:mod:`helpers._runtime.functional`); a call made inside another
+(``dist.all_reduce`` ends in ``ProcessGroup.allreduce``) counts once.
 The wrappers always note the call in progress on a small shared "board" (a few bytes
 per rank in memory the notebook can read at any moment), so that a hang can be
 explained even when the rank is stuck inside C++: which call, which peer. Point-to-point
@@ -12,8 +16,9 @@ request's reply.
 
 The same wrappers can switch calls off: an exercise that asks for a hand-made
 all-reduce runs with ``all_reduce`` and its relatives raising
-:class:`~helpers.ForbiddenCallError`, also on the process group object, so only
-point-to-point calls can do the work.
+:class:`~helpers.ForbiddenCallError`, also on the process group object and as a
+functional collective, so only point-to-point calls can do the work; whole APIs (DDP,
+FSDP, DTensor, pipelining, ...) are switched off by :mod:`helpers._runtime.apis`.
 
 The board and the trace events are records of :mod:`helpers._runtime.protocol`. This
 module installs the wrappers and switches calls off; what a wrapper does on each call is
@@ -35,20 +40,24 @@ Example (inside a rank)::
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
-from ..errors import ForbiddenCallError
-from . import callargs
+from . import apis, callargs
 from .board import Board
-from .calls import COLLECTIVES, COURSE_RING, DDP, FORBIDDEN_ALIASES, POINT_TO_POINT, family_of
+from .calls import APIS, COLLECTIVES, FORBIDDEN_ALIASES, FORBIDDEN_FUNCTIONAL, POINT_TO_POINT
 from .ddp_watch import watch_ddp
+from .functional import refuse_functional, wrap_functional
+from .pgcalls import wrap_process_group
 from .protocol import TraceEvent
-from .wrapper import wrap
+from .wrapper import Depth, wrap
 
-__all__ = ["Instrument", "current"]
+__all__ = ["Instrument", "current", "LAYERS"]
 
 _current: "Instrument | None" = None
 _INHERITED = object()  # an attribute a class only inherits: putting it back means deleting ours
+_UNSET = object()
+#: The layers of wrappers, as :meth:`Instrument.uninstall` names them.
+LAYERS = ("torch.distributed", "process_group", "functional", "ddp")
 
 
 def current() -> "Instrument | None":
@@ -75,9 +84,12 @@ class Instrument:
         self._refusing: set[tuple[Any, str]] = set()  # attributes replaced by refusers
         self.seq = 0  # collectives entered, on any group
         self.world_seq = 0  # collectives entered on the default group (every rank makes these in one order)
-        self._local = threading.local()
+        self._local = Depth()  # how deep in wrapped calls each thread is
+        self.awaiting: dict[int, tuple] = {}  # functional collectives' results not waited for yet
+        self._layers: dict[tuple[Any, str], str] = {}  # each wrapped attribute's layer (LAYERS)
         self._board = board
         self._write = board.writer(rank) if board is not None else None
+        self._running = board.running_writer(rank) if board is not None else None
         # This rank's row of point-to-point message counts on the board (peer * 4 + kind),
         # and FLAG_UNSURE once a call was made that the counts cannot describe.
         self.counts = board.counter(rank) if board is not None else None
@@ -93,6 +105,11 @@ class Instrument:
              nbytes: int | None = None, members: int | None = None, flags: int = 0) -> None:
         if self._write is not None:
             self._write(phase, call, peer, self.seq, nbytes, members, self.world_seq, self.flags | flags)
+
+    def running(self) -> None:
+        """``post("running")``, faster: what every wrapped call does as it returns."""
+        if self._running is not None:
+            self._running(self.seq, self.world_seq, self.flags)
 
     # -- install ----------------------------------------------------------------------
 
@@ -112,27 +129,32 @@ class Instrument:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            wrapped = wrap(self, name, original)
-            self._set(c10d, name, wrapped)
+            wrapped = wrap(self, name, original)  # one object for both names: P2POp checks op in [isend, irecv]
+            self._set(c10d, name, wrapped, layer="torch.distributed")
             if getattr(dist, name, None) is original:
-                self._set(dist, name, wrapped)
+                self._set(dist, name, wrapped, layer="torch.distributed")
+        wrap_process_group(self)
+        wrap_functional(self)
         watch_ddp(self)
         self._installed = {key: vars(key[0])[key[1]] for key in self._originals}
 
-    def uninstall(self) -> None:
-        """Put torch.distributed's own functions back (used to measure the wrappers' cost)."""
+    def uninstall(self, layers: tuple[str, ...] = LAYERS) -> None:
+        """Put torch's own functions back, in these layers (:data:`LAYERS`): used to measure the wrappers' cost."""
         for key, original in self._originals.items():
-            if key in getattr(self, "_installed", {}):
+            if key in getattr(self, "_installed", {}) and self._layers.get(key, "ddp") in layers:
                 self._put_back(key, original)
 
-    def _set(self, owner: Any, name: str, value: Any, refusing: bool = False) -> None:
+    def _set(self, owner: Any, name: str, value: Any, refusing: bool = False, layer: str | None = None,
+             original: Any = _UNSET) -> None:
         # The attribute as it sits in the owner's own dict: a class's method is kept as its
         # descriptor (getattr would unwrap a pybind11 method, which then no longer binds
         # ``self`` when put back), and one it only inherits is kept as _INHERITED.
-        self._originals.setdefault((owner, name), vars(owner).get(name, _INHERITED))
+        self._originals.setdefault((owner, name), vars(owner).get(name, _INHERITED) if original is _UNSET else original)
         setattr(owner, name, value)
         if refusing:
             self._refusing.add((owner, name))
+        if layer is not None:
+            self._layers[(owner, name)] = layer
 
     def _put_back(self, key: tuple[Any, str], value: Any) -> None:
         owner, name = key
@@ -150,6 +172,7 @@ class Instrument:
         """
         if reasons == self.refused:
             return
+        apis.WATCH.clear()
         installed = getattr(self, "_installed", {})
         for key in self._refusing:
             self._put_back(key, installed.get(key, self._originals[key]))
@@ -161,53 +184,25 @@ class Instrument:
     def forbid(self, reasons: dict[str, str]) -> None:
         """Switch off these calls (name -> the reason the learner reads).
 
-        A collective's name also switches off its process-group methods and functional
-        version; :data:`~helpers._runtime.calls.DDP` switches off DistributedDataParallel.
+        A collective's name also switches off its process-group methods and its functional
+        collectives (however they are reached); a name of :data:`~helpers._runtime.calls.APIS`
+        switches off a whole API (:mod:`helpers._runtime.apis`).
         """
         self.refused = {**self.refused, **reasons}
         for name, reason in reasons.items():
-            if name == DDP:
-                self._forbid_ddp(reason)
-                continue
-            if name == COURSE_RING:
-                self._forbid_course_ring(reason)
+            if name in APIS:
+                apis.switch_off(self, name, reason)
                 continue
             self.forbidden[name] = reason
             for method in FORBIDDEN_ALIASES.get(name, ()):
                 for cls in callargs.process_group_classes():
                     if hasattr(cls, method):
-                        self._set(cls, method, _refuser(f"{cls.__name__}.{method}", reason, name), refusing=True)
-            try:
-                import torch.distributed._functional_collectives as fc
-            except ImportError:
-                continue
-            for fname in (name, name.replace("all_reduce", "all_reduce_inplace")):
-                if hasattr(fc, fname):
-                    self._set(fc, fname, _refuser(f"_functional_collectives.{fname}", reason, name), refusing=True)
-
-    def _forbid_course_ring(self, reason: str) -> None:
-        from .. import ring
-
-        for fname in ring.__all__:
-            self._set(ring, fname, _refuser(f"helpers.ring.{fname}", reason, COURSE_RING), refusing=True)
-
-    def _forbid_ddp(self, reason: str) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        self._set(DistributedDataParallel, "__init__",
-                  _refuser("torch.nn.parallel.DistributedDataParallel", reason, DDP), refusing=True)
+                        self._set(cls, method, apis.refuser(f"{cls.__name__}.{method}", reason, name), refusing=True)
+            if name in FORBIDDEN_FUNCTIONAL:
+                refuse_functional(self, FORBIDDEN_FUNCTIONAL[name], reason, name)
 
     def take_events(self) -> list[TraceEvent]:
+        """The events recorded since the last call (and the functional results still awaited are forgotten)."""
         events, self.events = self.events, []
+        self.awaiting.clear()
         return events
-
-
-def _refuser(label: str, reason: str, name: str) -> Callable:
-    """A stand-in for the call ``label`` that raises; ``name`` is the ``forbid`` entry that switched it off."""
-    family = family_of(name)
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ForbiddenCallError(label, reason, family, name)
-
-    refuse.__name__ = label.rsplit(".", 1)[-1]
-    return refuse

@@ -9,7 +9,7 @@ framed by :mod:`helpers._runtime.wire` (ranks) or sent as one packet (factory):
 - factory requests :class:`Spawn`, :class:`Signal`, :class:`Stop`, and the factory's
   events :class:`Hello`, :class:`Fatal`, :class:`Spawned`, :class:`Exited`;
 - requests, notebook -> rank: :class:`Call`, :class:`Exec`, :class:`Push`, :class:`Pull`;
-- replies, rank -> notebook: :class:`Ready`, :class:`Result`, :class:`Failure`; and
+- replies, rank -> notebook: :class:`Ready`, :class:`Started`, :class:`Result`, :class:`Failure`; and
   :class:`Death`, which the notebook makes from the factory's :class:`Exited` when a
   rank ends while something still waited for it;
 - :class:`RankException`: an exception raised in a rank, captured there
@@ -55,6 +55,7 @@ __all__ = [
     "Pull",
     "Request",
     "Ready",
+    "Started",
     "Result",
     "Failure",
     "Death",
@@ -218,6 +219,16 @@ class Ready:
     main_thread: int
 
 
+@dataclass(frozen=True)
+class Started:
+    """The rank has loaded request ``id`` (unpickled the function and its arguments, which
+    imports the modules they use) and now runs the learner's code: start-up is over, and
+    the request's timeout counts from the moment every rank asked has sent this."""
+
+    rank: int
+    id: int
+
+
 @dataclass
 class Result:
     """A request finished. ``data`` is the cloudpickled value (None if it could not be
@@ -254,7 +265,7 @@ class RankException:
     frames: list[Frame]
     pickled: bytes | None  # the exception itself, when it could be pickled
     time: float
-    phase: str = "run"  # "init": while joining the process group
+    phase: str = "run"  # "init": while joining the process group; "load": while loading a request
 
     @classmethod
     def capture(cls, exc: BaseException, skip_file: str | None = None, phase: str = "run") -> "RankException":
@@ -320,11 +331,12 @@ class Death:
 
 @dataclass
 class TraceEvent:
-    """One torch.distributed call on one rank.
+    """One communication call on one rank: a torch.distributed function, or (``via``) a
+    ProcessGroup method called directly or a functional collective.
 
     ``start``/``end`` bound the call itself; for asynchronous calls (``isend``,
-    ``irecv``, ``async_op=True``) ``waited`` is when ``wait()`` returned, if it was
-    called. In a rank the times are ``time.perf_counter()`` values; in a
+    ``irecv``, ``async_op=True``, a functional collective) ``waited`` is when ``wait()``
+    (``wait_tensor`` for a functional collective) returned, if it was called. In a rank the times are ``time.perf_counter()`` values; in a
     :class:`~helpers.trace.Trace` they are seconds from the trace's first call.
     """
 
@@ -347,6 +359,10 @@ class TraceEvent:
     base_nbytes: int | None = None  # the size of that storage
     reduce_op: str | None = None
     note: str | None = None  # what made the call, where it was not the rank's own code ("DDP bucket 2")
+    # How the call was made, where it was not a torch.distributed function: "process_group" (a
+    # ProcessGroup method called directly; ``note`` names it) or "functional" (a functional
+    # collective, as DTensor makes; ``note`` names the op). ``op`` is always the public call doing that work.
+    via: str | None = None
 
     @property
     def done(self) -> float:

@@ -9,6 +9,13 @@ Every reply is one framed message on the reply pipe. A failure is a reply too, c
 the exception's type, message and traceback, so the notebook can name the rank and the
 learner's line. A rank never writes to the kernel's own streams: its stdout and stderr
 are pipes the notebook reads and labels.
+
+Before the learner's part of a request runs, the rank says
+:class:`~helpers._runtime.protocol.Started`: what came before (setting up, joining the
+process group, unpickling the function and its arguments, which imports the modules they
+use) is start-up, which the request's timeout does not count. Until the rank installs its
+own ``SIGUSR1`` handler (the stack dump of a hang report) it ignores that signal, as the
+factory it was forked from does.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from . import wire as _wire
 from .board import Board
@@ -40,6 +47,7 @@ from .protocol import (
     Ready,
     Request,
     Result,
+    Started,
 )
 
 __all__ = ["main"]
@@ -173,7 +181,7 @@ class _Rank:
         else:
             self.board.post(self.rank, phase)
 
-    def send(self, reply: Ready | Result | Failure) -> None:
+    def send(self, reply: Ready | Started | Result | Failure) -> None:
         _wire.write_frame(self.fd["reply"], reply)
 
     # -- requests ---------------------------------------------------------------------
@@ -226,27 +234,32 @@ class _Rank:
             return eval(compile(last, filename, "eval"), namespace)
         return None
 
-    def _run(self, request: Request) -> Any:
+    def _load(self, request: Request) -> Callable[[], Any]:
+        """The start-up part of a request: unpickle what came with it (which imports the
+        modules the function and its arguments use); returns the learner's part, to run."""
         import cloudpickle
 
         if isinstance(request, Call):
             fn, args, kwargs = cloudpickle.loads(request.payload)
-            return fn(self.rank, self.group.world_size, *args, **kwargs)
+            return lambda: fn(self.rank, self.group.world_size, *args, **kwargs)
         if isinstance(request, Exec):
-            return self._exec(request.source, request.filename)
+            return lambda: self._exec(request.source, request.filename)
         if isinstance(request, Push):
-            self._namespace().update(cloudpickle.loads(request.payload))
-            return None
+            values = cloudpickle.loads(request.payload)
+            return lambda: self._namespace().update(values)
         if isinstance(request, Pull):
-            namespace = self._namespace()
-            missing = [n for n in request.names if n not in namespace]
-            if missing:
-                raise NameError(
-                    f"rank {self.rank} has no variable named {missing[0]!r}; "
-                    "set it in a %%distributed cell or with push() first"
-                )
-            return [namespace[n] for n in request.names]
+            return lambda: self._pull(request.names)
         raise TypeError(f"unknown request {request!r}")
+
+    def _pull(self, names: list[str]) -> list[Any]:
+        namespace = self._namespace()
+        missing = [n for n in names if n not in namespace]
+        if missing:
+            raise NameError(
+                f"rank {self.rank} has no variable named {missing[0]!r}; "
+                "set it in a %%distributed cell or with push() first"
+            )
+        return [namespace[n] for n in names]
 
     def handle(self, request: Request) -> None:
         import cloudpickle
@@ -257,10 +270,15 @@ class _Rank:
             inst.tracing = request.trace
             forbid = getattr(request, "forbid", None)
             inst.refuse_only(self.group.forbid if forbid is None else forbid)
+        phase = "load"
         try:
-            value = self._run(request)
+            run = self._load(request)
+            # Start-up ends here: the notebook starts the request's timeout once every rank said so.
+            self.send(Started(self.rank, request.id))
+            phase = "run"
+            value = run()
         except BaseException as exc:  # noqa: BLE001 - every failure goes home
-            self._finish(Failure(self.rank, request.id, RankException.capture(exc, _THIS_FILE)))
+            self._finish(Failure(self.rank, request.id, RankException.capture(exc, _THIS_FILE, phase=phase)))
             if isinstance(exc, SystemExit):
                 raise
             return

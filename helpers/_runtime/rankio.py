@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from . import wire as _wire
 from .diagnose import dump_complete
-from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result
+from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result, Started
 
 __all__ = ["RankIO", "RankState"]
 
@@ -29,6 +29,7 @@ class RankState:
     rank: int
     pid: int | None = None
     state: str = "starting"  # starting, idle, busy, exited
+    started: int | None = None  # the last request whose learner's part it began (Started)
     exitcode: int | None = None
     main_thread: int | None = None
     fds: dict[str, int] = field(default_factory=dict)
@@ -118,10 +119,14 @@ class RankIO:
             return 2
         return 0 if entry[1] in ("stdout", "stderr") else 1
 
-    def _on_reply(self, state: RankState, reply: Ready | Result | Failure) -> None:
+    def _on_reply(self, state: RankState, reply: Ready | Started | Result | Failure) -> None:
         if isinstance(reply, Ready):
-            state.state = "idle"
+            if state.state == "starting":  # else a launch's request already waits for it: busy
+                state.state = "idle"
             state.main_thread = reply.main_thread
+            return
+        if isinstance(reply, Started):
+            state.started = reply.id
             return
         if state.state == "busy":
             state.state = "idle"

@@ -4,9 +4,10 @@
 replies, the failures and the evidence that explains them. :func:`outcome_error` turns it
 into the notebook's exception, for launches and persistent ranks alike: the root cause's
 own error (:func:`failure_error` for a rank that raised, :func:`death_error` for one that
-died) when a rank failed, else the hang report (a :class:`~helpers.DeadlockError` when the
-ranks were found deadlocked before the timeout). :func:`kept_ranks_error` adds, for
-persistent ranks, what state the group is left in, :func:`unusable_rank_error` says why a
+died) when a rank failed, else, when ranks had not started the request within the start-up
+limit, the start-up report (:func:`startup_report`), else the hang report (a
+:class:`~helpers.DeadlockError` when the ranks were found deadlocked before the timeout).
+:func:`kept_ranks_error` adds, for persistent ranks, what state the group is left in, :func:`unusable_rank_error` says why a
 rank cannot take the next request, and :func:`interrupted_launch`, :func:`interrupted_cell`
 and :func:`not_interrupted_note` word what the stop button ended. Decisions here read typed
 fields (the cause's class, the board's records, the hang's :class:`~helpers._runtime.diagnose.Finding`
@@ -40,6 +41,7 @@ __all__ = [
     "stopped_ranks",
     "signal_name",
     "hang_report",
+    "startup_report",
     "earliest",
     "in_distributed_call",
 ]
@@ -52,6 +54,8 @@ class Outcome:
     replies: dict[int, Result] = field(default_factory=dict)
     failures: list[Failure | Death] = field(default_factory=list)  # errors and unexpected exits
     pending: list[int] = field(default_factory=list)  # ranks still busy when waiting stopped
+    unstarted: list[int] = field(default_factory=list)  # pending ranks that had not started the request
+    start_limit: float = 0.0  # the seconds they had to start it
     cause: Failure | Death | None = None  # the root cause among the failures
     diag: str = ""  # what the cause wrote on its diagnostics stream during the request
     board: list[BoardRecord] = field(default_factory=list)  # when waiting stopped, with pending ranks
@@ -73,7 +77,8 @@ class Outcome:
 def failure_error(failure: Failure, world_size: int, stopped: list[int], note: str = "") -> RankFailedError:
     """The notebook's error for a rank that raised; ``note`` is added as a last paragraph."""
     err, rank = failure.error, failure.rank
-    phase = " while setting up its process group" if err.phase == "init" else ""
+    phase = {"init": " while setting up its process group",
+             "load": " while loading what was sent to it"}.get(err.phase, "")
     if err.type == "SystemExit":
         head = f"rank {rank} of {world_size} called sys.exit({err.message}){phase}"
     else:
@@ -163,12 +168,15 @@ def outcome_error(
 ) -> LaunchError:
     """The exception for a request that did not end well.
 
-    ``what`` names what ran ("The cell", "Starting the ranks"); ``note`` says what was
-    done about the other ranks (added after a failure's traceback, or in a hang report's
+    ``what`` names what ran ("The cell"); ``timeout`` is the request's (ranks that had not
+    started it, ``outcome.unstarted``, are reported with ``outcome.start_limit``); ``note``
+    says what was done about the other ranks (added after a failure's traceback, or in a hang report's
     first line); ``stopped`` lists the ranks stopped because of a failure.
     """
     if outcome.cause is not None:
         return cause_error(outcome.cause, world_size, list(stopped), note=note, diag=outcome.diag)
+    if outcome.unstarted:
+        return startup_report(outcome, world_size, outcome.start_limit or timeout, what=what, recovery=note)
     return hang_report(outcome, world_size, timeout, what=what, recovery=note)
 
 
@@ -231,13 +239,57 @@ def hang_report(
     kinds = {f.kind for f in findings}
     lines += [fix for kind, fix in _FIXES.items() if kind in kinds]
     evidence = dict(timeout=timeout, stacks=stacks, waiting=waiting, finished=finished, notes=notes,
-                    findings=list(findings))
+                    findings=list(findings), unstarted=[])
     if deadlock is not None:
         lines += ["", "Each rank's full stack is on the error's .stacks."]
         return DeadlockError("\n".join(lines), **evidence, seconds=deadlock.seconds, ranks=list(deadlock.ranks))
     lines += ["", "Each rank's full stack is on the error's .stacks. If the work is just slow, pass "
               "a larger timeout=."]
     return LaunchTimeoutError("\n".join(lines), **evidence)
+
+
+def startup_report(outcome: Outcome, world_size: int, limit: float, what: str = "The ranks",
+                   recovery: str = "") -> LaunchTimeoutError:
+    """The error for ranks that had not started a request after ``limit`` seconds (``outcome.unstarted``).
+
+    Start-up (forking, joining the process group, loading what was sent) is not the learner's
+    code, so this says where each late rank was in it and nothing about the code: the
+    error's ``unstarted`` lists those ranks (empty on a hang report), ``waiting`` says where
+    each was, ``stacks`` holds the stacks read.
+    """
+    late, board = outcome.unstarted, {rec.rank: rec for rec in outcome.board}
+    frames = {r: diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)) for r in outcome.pending}
+    waiting = {r: _not_started(r, board.get(r), frames[r]) for r in late}
+    running = [r for r in outcome.pending if r not in late]
+    lines = [f"{what} did not start within {limit:g} s: {_ranks(late).lower()} of {world_size} had not started. "
+             f"{recovery}".rstrip(), "", *waiting.values()]
+    if running:
+        lines.append(f"started: {_ranks(running).lower()} (running, maybe waiting for the others)")
+    if outcome.finished:
+        lines.append(f"finished: {_ranks(outcome.finished).lower()}")
+    lines += ["", f"Start-up (forking a rank, joining the process group, loading the function sent and the modules it "
+              f"imports) has its own limit, {limit:g} s; timeout= counts only your code, from the moment every rank "
+              "started it. A very busy machine, or a module that takes this long to import, is the likely cause: "
+              "free the machine and run it again. Each rank's stack is on the error's .stacks."]
+    stacks = {r: diagnose.format_stack(f) for r, f in frames.items()}
+    return LaunchTimeoutError("\n".join(lines), timeout=limit, stacks=stacks, waiting=waiting,
+                              finished=outcome.finished, notes=[], findings=[], unstarted=list(late))
+
+
+def _not_started(rank: int, record: BoardRecord | None, frames: list[dict]) -> str:
+    """One sentence: where in its start-up a rank was (the board says whether it had joined)."""
+    if record is None or record.phase == "starting":
+        return diagnose.summarize(rank, frames, record)
+    user = diagnose.describe_wait([f for f in frames if not f["filename"].startswith("<frozen")])["user"]
+    code = diagnose.source_line(user) if user else ""
+    at = f" at {diagnose.frame_label(user)}" + (f": {code}" if code else "") if user else ""
+    return (f"rank {rank} was still loading what was sent to it (unpickling the function and its arguments "
+            f"imports the modules they use){at}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``Rank 1`` or ``Ranks 0, 2``."""
+    return f"Rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadlocked: list[int], stuck: list[int],
@@ -247,21 +299,20 @@ def kept_ranks_error(outcome: Outcome, world_size: int, timeout: float, *, deadl
     reach them inside gloo), ``stuck`` ones did not stop when interrupted, the others were
     interrupted and keep their variables.
     """
-    ranks = lambda rs: f"Rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
     if outcome.cause is None:
         if deadlocked:
             blocked = sorted(deadlocked + stuck)
-            note = (f"{ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
+            note = (f"{_ranks(blocked)} {'are' if len(blocked) > 1 else 'is'} blocked for good inside "
                     "communication calls, where an interrupt cannot reach them: run %dist_restart (or "
                     "cluster.restart()) for a fresh group.")
         else:
             note = ("They were interrupted and keep their variables." if not stuck else
-                    f"{ranks(stuck)} could not be interrupted (blocked in a communication call): run "
+                    f"{_ranks(stuck)} could not be interrupted (blocked in a communication call): run "
                     "%dist_restart (or cluster.restart()) for a fresh group.")
         return outcome_error(outcome, world_size, timeout, what=what, note=note)
     extra = []
     if outcome.finished:
-        extra.append(f"{ranks(outcome.finished)} finished this request.")
+        extra.append(f"{_ranks(outcome.finished)} finished this request.")
     if stuck:
         board = {rec.rank: rec for rec in outcome.board}
         waits = [diagnose.summarize(r, diagnose.main_stack(outcome.stacks.get(r, ""), outcome.main_threads.get(r)),

@@ -47,7 +47,7 @@ class TracedWork:
             done = self._work.wait(*args, **kwargs)
         finally:
             ended = time.perf_counter()
-            inst.post("running")
+            inst.running()
             for event in self._events:
                 if event.wait_start is None:
                     event.wait_start = began
@@ -71,4 +71,8 @@ def threaded(inst: Any) -> bool:
     call per rank, so while other threads run, a peer may be about to get what this call
     waits for from a thread the board does not show.
     """
-    return threading.active_count() > inst.threads or threading.get_ident() != inst.main_thread
+    try:  # threading.active_count() without its lock: a count read under the GIL is whole, and this runs on every call
+        count = len(threading._active) + len(threading._limbo)
+    except AttributeError:  # a Python without those (they are private)
+        count = threading.active_count()
+    return count > inst.threads or threading.get_ident() != inst.main_thread

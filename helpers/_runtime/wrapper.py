@@ -8,7 +8,9 @@ tensor are passed). A call then goes through these steps:
 1. **Switched off?** A call the exercise forbids raises
    :class:`~helpers.ForbiddenCallError` (:meth:`CallSite.refusal`).
 2. **Nested?** A call made while another wrapped call runs (``all_gather_object`` calls
-   ``all_gather``) is part of that call: it goes straight to torch, neither noted nor traced.
+   ``all_gather``; ``all_reduce`` calls ``ProcessGroup.allreduce``, which
+   :mod:`helpers._runtime.pgcalls` wraps) is part of that call: it goes straight to torch,
+   neither noted nor traced (:class:`Depth`, which every layer of wrappers reads).
 3. **On the board, before.** :meth:`CallSite.read` reads the peer, group, tensor and bytes;
    :func:`enter_p2p` counts a point-to-point message as posted, :func:`enter_collective`
    numbers a collective; then the board says "call" (:mod:`helpers._runtime.board`).
@@ -49,9 +51,22 @@ from .calls import COLLECTIVES, KNOWN, POINT_TO_POINT, family_of
 from .protocol import TraceEvent
 from .work import TracedWork, threaded
 
-__all__ = ["CallSite", "wrap", "wrap_batch", "enter_p2p", "enter_collective", "hand_back", "record"]
+__all__ = ["CallSite", "Depth", "wrap", "wrap_batch", "enter_p2p", "enter_collective", "enter_below", "timed",
+           "hand_back", "record"]
 
 _NOWHERE = 1 << 30  # the position of a parameter the function does not have: never in args
+
+
+class Depth(threading.local):
+    """How deep in wrapped calls this thread is: 0 outside any, 1 inside one.
+
+    Every layer of wrappers (torch.distributed's functions, ProcessGroup methods, functional
+    collectives) reads it first: a call made inside another wrapped call (``dist.all_reduce``
+    ends in ``ProcessGroup.allreduce``) is part of that call, one event, not two. A class
+    attribute, so that a new thread (autograd's, DDP's) reads 0 without a ``getattr`` default.
+    """
+
+    depth = 0
 
 
 class CallSite:
@@ -59,6 +74,7 @@ class CallSite:
 
     __slots__ = ("name", "params", "family", "is_p2p", "blocking", "group_at", "peer_param", "peer_at",
                  "group_peer_param", "group_peer_at", "tensor_param", "tensor_at")
+    via = note = None  # a torch.distributed function: made the plain way (see TraceEvent.via)
 
     def __init__(self, name: str, fn: Callable) -> None:
         self.name = name
@@ -92,6 +108,12 @@ class CallSite:
         tensor = args[self.tensor_at] if self.tensor_at < n else kwargs.get(self.tensor_param)
         return peer, group, tensor, callargs.nbytes(tensor)
 
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """Every argument by its parameter's name (for the event's tag and reduce op)."""
+        bound = dict(zip(self.params, args))
+        bound.update(kwargs)
+        return bound
+
     def refusal(self, reason: str) -> ForbiddenCallError:
         """The error a call of this function raises while an exercise switches it off."""
         return ForbiddenCallError(f"torch.distributed.{self.name}", reason, self.family, self.name)
@@ -108,7 +130,7 @@ def wrap(inst: Any, name: str, fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if name in inst.forbidden:  # 1. switched off
             raise site.refusal(inst.forbidden[name])
-        if getattr(local, "depth", 0):  # 2. made by another wrapped call: part of that one
+        if local.depth:  # 2. made by another wrapped call: part of that one
             return fn(*args, **kwargs)
         peer, group, tensor, nbytes = read(args, kwargs)  # 3. on the board, before
         count = enter(inst, name, peer, tensor, group, nbytes)
@@ -119,7 +141,7 @@ def wrap(inst: Any, name: str, fn: Callable) -> Callable:
         finally:
             local.depth = 0
             end = perf_counter()
-            inst.post("running")
+            inst.running()
         if count >= 0 and blocking:
             inst.counts[count] += 1  # a blocking send or recv is done: counted after the board says "running"
             count = -1
@@ -183,6 +205,32 @@ def enter_collective(inst: Any, name: str, peer: Any, tensor: Any, group: Any, n
     return -1
 
 
+def enter_below(inst: Any, name: str, is_p2p: bool, peer: Any, tensor: Any, group: Any, nbytes: int | None) -> None:
+    """A call made below the public functions (a ProcessGroup method, a functional collective), on the board:
+    a collective numbered as :func:`enter_collective` numbers it; a point-to-point one marks the rank unsure
+    (its message counts do not describe it: deadlocks are left to the timeout), then "call"."""
+    if is_p2p:
+        inst.flags |= FLAG_UNSURE
+        inst.post("call", name, peer, nbytes, None)
+    else:
+        enter_collective(inst, name, peer, tensor, group, nbytes)
+
+
+def timed(inst: Any, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, float, float]:
+    """``fn(*args, **kwargs)`` as a wrapped call runs it: what it calls is part of it (:class:`Depth`), and
+    the board says "running" once it returns. Returns ``(result, start, end)``."""
+    local = inst._local
+    local.depth = 1
+    start = time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        local.depth = 0
+        end = time.perf_counter()
+        inst.running()
+    return result, start, end
+
+
 def hand_back(inst: Any, site: CallSite, result: Any, args: tuple, kwargs: dict, read: tuple,
               count: int, start: float, end: float) -> Any:
     """What a wrapper returns when tracing, or when torch returned a request: the call's
@@ -192,19 +240,17 @@ def hand_back(inst: Any, site: CallSite, result: Any, args: tuple, kwargs: dict,
     peer, group, tensor, nbytes = read
     if name == "recv" and peer is None and isinstance(result, int):
         peer = result  # a receive from any source: now we know who sent
-    bound = {}  # every argument by its parameter's name, for the event's tag and reduce op
-    if inst.tracing:
-        bound = dict(zip(site.params, args))
-        bound.update(kwargs)
+    bound = site.bind(args, kwargs) if inst.tracing else {}  # for the event's tag and reduce op
     work = callargs.is_work(result)
     if work and callargs.called_from_torch(3):  # three frames up: past this function and the wrapper
         # torch's own code (DDP's Join support, for one) hands the request to C++,
         # which takes only the real Work: record the call, return the request as is.
         if inst.tracing:
-            record(inst, name, peer, tensor, nbytes, start, end, group, bound).async_op = True
+            record(inst, name, peer, tensor, nbytes, start, end, group, bound, via=site.via,
+                   note=site.note).async_op = True
         return result
     if inst.tracing:
-        event = record(inst, name, peer, tensor, nbytes, start, end, group, bound)
+        event = record(inst, name, peer, tensor, nbytes, start, end, group, bound, via=site.via, note=site.note)
         if work:
             event.async_op = True
             return TracedWork(result, [event], inst, (name, peer, nbytes), count)
@@ -221,7 +267,7 @@ def wrap_batch(inst: Any, fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if site.name in inst.forbidden:
             raise site.refusal(inst.forbidden[site.name])
-        if getattr(local, "depth", 0):
+        if local.depth:
             return fn(*args, **kwargs)
         ops = args[0] if args else kwargs.get("p2p_op_list")
         return _batch(inst, fn, ops or [])
@@ -244,7 +290,7 @@ def _batch(inst: Any, fn: Callable, ops: list) -> Any:
     finally:
         local.depth = 0
         end = time.perf_counter()
-        inst.post("running")
+        inst.running()
     if not inst.tracing:
         return works
     events = [record(inst, kind, peer, tensor, nbytes, start, end, None, {}, batch=True)
@@ -258,14 +304,17 @@ def _batch(inst: Any, fn: Callable, ops: list) -> Any:
 
 
 def record(inst: Any, name: str, peer: Any, tensor: Any, nbytes: Any, start: float, end: float, group: Any,
-           bound: dict, batch: bool = False) -> TraceEvent:
-    """Add the trace event of one call (or one operation of a batch) to ``inst.events``; returns it."""
+           bound: dict, batch: bool = False, via: str | None = None, note: str | None = None) -> TraceEvent:
+    """Add the trace event of one call (or one operation of a batch) to ``inst.events``; returns it.
+
+    ``via`` and ``note`` say how a call that was not a torch.distributed function was made
+    (:attr:`~helpers._runtime.protocol.TraceEvent.via`)."""
     import torch
 
     event = TraceEvent(
         rank=inst.rank, op=name, peer=peer, nbytes=nbytes, dtype=None, shape=None, start=start, end=end,
         tag=bound.get("tag", 0) or 0, group=callargs.members_list(group), batch=batch,
-        seq=inst.seq if name in COLLECTIVES else None,
+        seq=inst.seq if name in COLLECTIVES else None, note=note, via=via,
     )
     if isinstance(tensor, torch.Tensor):
         event.dtype = str(tensor.dtype).replace("torch.", "")
