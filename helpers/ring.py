@@ -16,9 +16,10 @@ reduce-scatter step flows straight into the all-gather. Each rank sends 2(p-1)/p
 tensor, as in the plain ring, in more, smaller messages.
 
 ``ahead=0`` and ``piece_bytes=None`` switch the two ideas off, so lesson 8 can measure
-each one; with both off this is lesson 4's ring. This is the instructor's reference ring
-of lesson 8: ``bench/ring_bench.py`` compares it with gloo's own ``all_reduce`` and with
-lesson 4's plain ring (the answer to Exercise 4.4).
+each one; with both off this is a plain ring like lesson 4's, its chunks turned by one
+(:func:`ring_schedule`). This is the instructor's reference ring of lesson 8:
+``bench/ring_bench.py`` compares it with gloo's own ``all_reduce`` and with lesson 4's
+plain ring (the answer to Exercise 4.4).
 
 Example::
 
@@ -43,15 +44,16 @@ _spare: dict = {}
 def ring_schedule(rank: int, world_size: int) -> list[tuple[int, int, bool]]:
     """The ring's 2(p-1) steps for ``rank``: ``(chunk sent right, chunk received from the left, add it?)``.
 
-    Reduce-scatter steps add what arrives (rank r ends owning the sum of chunk r); all-gather
-    steps copy it. At every step a rank sends what it received at the step before.
-
-    >>> ring_schedule(0, 3)
-    [(2, 1, True), (1, 0, True), (0, 2, False), (2, 1, False)]
+    Reduce-scatter steps add what arrives, all-gather steps copy it; at every step a rank
+    sends what it received at the step before, and receives what its left neighbour sends.
+    Which rank owns which finished chunk between the two phases does not matter to an
+    all-reduce: here rank r ends the reduce-scatter owning chunk r + 1 (mod p), a rotation
+    on from the one lesson 4's exercises ask for (rank r owning chunk r, as
+    ``dist.reduce_scatter`` leaves it).
     """
     p = world_size
-    steps = [((rank - s - 1) % p, (rank - s - 2) % p, True) for s in range(p - 1)]
-    steps += [((rank - s) % p, (rank - s - 1) % p, False) for s in range(p - 1)]
+    steps = [((rank - s) % p, (rank - s - 1) % p, True) for s in range(p - 1)]
+    steps += [((rank - s + 1) % p, (rank - s) % p, False) for s in range(p - 1)]
     return steps
 
 

@@ -12,7 +12,8 @@ class and gives each test its lesson as a :class:`GradedLesson` (the ``graded_le
 
 Example (reading no notebook)::
 
-    >>> lesson = GradedLesson(Path("course"), "06-ddp", ("amy",), {"test-ex6_1-broadcast": "broadcast"}, {"broadcast": 2})
+    >>> lesson = GradedLesson(Path("course"), "06-ddp", ("amy",), {"test-ex6_2-broadcast": "6.2/broadcast"},
+    ...                       {"6.2/broadcast": 2})
     >>> lesson.full_marks
     2
 """
@@ -79,6 +80,26 @@ class GradedLesson:
         text = self.feedback(student)
         missing = [phrase for phrase in phrases if phrase not in text]
         assert not missing, f"{student}'s feedback on {self.lesson} lacks {missing}; it reads:\n{text}"
+
+    def check_verdicts(self, student: str, failing: set[str]) -> None:
+        """Assert that ``student``'s feedback page shows each part of ``failing`` (names as in ``points``) as
+        ``Exercise N.M, part "p": 0 of k points.`` and shows no frame of the course's grading code."""
+        import html
+        import re
+
+        text = html.unescape(re.sub(r"<[^>]+>", "", self.feedback(student)))
+        lesson_module = f"lesson{self.lesson[:2]}.py"
+        frames = [name for name in ("kit.py", "harness.py", "gradcheck.py", "ringcheck.py", lesson_module,
+                                    "Traceback (most recent call last)") if name in text]
+        assert not frames, f"{student}'s feedback on {self.lesson} shows the grading code's frames {frames}:\n{text}"
+        for grade_id, part in self.cells.items():
+            if part not in failing:
+                continue
+            number = grade_id.split("-")[1][len("ex"):].replace("_", ".")
+            points = self.points[part]
+            verdict = (rf'Exercise {re.escape(number)}, part "{part.split("/")[-1]}"[^:\n]*: 0 of {points:g} '
+                       rf'points?\.\s*\S')
+            assert re.search(verdict, text), f"{student}'s feedback lacks the verdict of {part} ({verdict}):\n{text}"
 
     def runs(self) -> dict[str, dict]:
         """This lesson's entries of the grading run's record (autograder/grading-run.json), by student."""

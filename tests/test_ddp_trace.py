@@ -86,6 +86,30 @@ def test_join_works_with_the_traced_ddp():
     assert list(launch(uneven, 2, args=(True,), trace=True, output="quiet")) == [3, 2]
 
 
+def lone_last_step(rank, world_size, divide_by_initial_world_size):
+    import torch
+    import torch.nn as nn
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(1, 1, bias=False))
+    grads = []
+    with Join([model], divide_by_initial_world_size=divide_by_initial_world_size):
+        for _ in range(2 if rank == 0 else 1):
+            model.zero_grad()
+            model(torch.ones(1, 1)).sum().backward()
+            grads.append(model.module.weight.grad.item())
+    return grads
+
+
+def test_join_divides_a_lone_step_as_ddp_itself_does():
+    """Does rank 0's lone last step under Join give DDP's own division (by 2 by default, by 1 with
+    divide_by_initial_world_size=False), which a communication hook such as the helpers' would override?"""
+    assert launch(lone_last_step, 2, args=(True,), output="quiet")[0] == [1.0, 0.5]
+    assert launch(lone_last_step, 2, args=(False,), output="quiet")[0] == [1.0, 1.0]
+
+
 def construct_on_rank_0_only(rank, world_size):
     import time
 

@@ -50,6 +50,27 @@ def test_graded_cells_match_the_declared_exercises(notebook):
     assert found == [], "\n\n".join(found)
 
 
+# Lessons 09 and 10 came after this rule; 9.2's measured check sits between its answer and its graded cells.
+LAYOUT_CHECKED = [p for p in NOTEBOOKS if int(p.name[:2]) <= 8]
+
+
+@pytest.mark.parametrize("notebook", LAYOUT_CHECKED, ids=lambda p: p.parent.name)
+def test_the_first_code_cell_after_an_answer_runs_its_self_check(notebook):
+    """As lesson 00 tells learners: is the first code cell after each exercise's answer cell the one that runs its
+    visible self-check (a markdown note may sit between), so that demonstrations come after the checks?"""
+    cells = json.loads(notebook.read_text())["cells"]
+    wrong = []
+    for i, cell in enumerate(cells):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        if not (cell.get("metadata", {}).get("nbgrader", {}).get("solution") and grade_id.startswith("ex")):
+            continue
+        number = grade_id.split("-")[0][len("ex"):].replace("_", ".")
+        after = next((c for c in cells[i + 1:] if c["cell_type"] == "code"), None)
+        if after is None or f'exercise("{number}").self_check(' not in "".join(after["source"]):
+            wrong.append(f"{grade_id}: the next code cell is {''.join(after['source']).splitlines()[0] if after else None!r}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_a_mismatched_notebook_is_reported(tmp_path):
     """Would the check above catch wrong points, a missing part, a duplicated part and an old-style cell?"""
     nb = json.loads((ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb").read_text())
@@ -99,7 +120,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 10, 7: 10, 8: 6, 9: 10, 10: 19)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 15, 7: 10, 8: 6, 9: 10, 10: 19)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -115,7 +136,8 @@ def test_points_per_lesson_are_unchanged():
         "4.4": {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1},
         "5.1": {"correct": 2, "unused_frozen_tied": 1, "parameters_unchanged": 1, "training": 2},
         "5.2": {"same_steps": 2, "sharding": 2},
-        "6.1": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
+        "6.1": {"broadcast": 1, "gradients": 2, "per_parameter": 2},
+        "6.2": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
         "7.1": {"runs": 2, "same_result": 3, "rank_zero_only": 2, "clean_exit": 1, "any_topology": 2},
         "8.1": {"hang": 2, "wrong_result": 2, "crash": 2},
         "9.1": {"sgd": 3, "adamw": 2, "state": 2, "traffic": 3},
@@ -232,6 +254,248 @@ def test_the_schedule_must_leave_rank_r_owning_chunk_r():
     with pytest.raises(GradingFailure, match=r"all_gather: on 2 ranks, at all-gather step 0, rank 0 sends chunk 1, "
                                              r"which it does not hold yet"):
         exercise("4.1").grade(shifted, "all_gather")
+
+
+# Answers to Exercises 4.4 and 8.1 with the mistakes learners make, each a few lines away from a working one
+# (defined outside this module, so that the ranks receive them by value instead of importing this file).
+_RING_MISTAKES = '''
+import torch
+import torch.distributed as dist
+
+
+def _bounds(n, p):
+    size = -(-n // p)
+    return [(min(i * size, n), min((i + 1) * size, n)) for i in range(p)]
+
+
+def _steps(rank, p, flat, chunks, exchange):
+    for step in range(p - 1):
+        send, recv = (rank - step - 1) % p, (rank - step - 2) % p
+        chunks[recv] += exchange(chunks[send], chunks[recv])
+
+
+def _gather(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    bounds = _bounds(flat.numel(), p)
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p
+        request = dist.isend(flat[slice(*bounds[send])], (rank + 1) % p)
+        dist.recv(flat[slice(*bounds[recv])], (rank - 1) % p)
+        request.wait()
+    return tensor
+
+
+def _isend_recv(rank, p):
+    def exchange(outgoing, like):
+        incoming = torch.empty_like(like)
+        request = dist.isend(outgoing.clone(), (rank + 1) % p)
+        dist.recv(incoming, (rank - 1) % p)
+        request.wait()
+        return incoming
+    return exchange
+
+
+def chunked_with_torch_chunk(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).chunk(p))          # fewer than p chunks when the elements run out
+    _steps(rank, p, tensor, chunks, _isend_recv(rank, p))
+    return _gather(tensor)
+
+
+def works_on_a_copy(tensor):
+    tensor = tensor.clone()                          # the caller's tensor is never touched again
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+    _steps(rank, p, flat, chunks, _isend_recv(rank, p))
+    return _gather(tensor)
+
+
+def returns_nothing(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+    _steps(rank, p, flat, chunks, _isend_recv(rank, p))
+    _gather(tensor)                                  # the sum is in place, but nothing is returned
+
+
+def sends_first(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+
+    def exchange(outgoing, like):
+        incoming = torch.empty_like(like)
+        dist.send(outgoing.clone(), (rank + 1) % p)  # every rank sends first: nobody receives
+        dist.recv(incoming, (rank - 1) % p)
+        return incoming
+    _steps(rank, p, flat, chunks, exchange)
+    return _gather(tensor)
+
+
+def reads_before_wait(tensor):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    chunks = [flat[slice(*b)] for b in _bounds(flat.numel(), p)]
+
+    def exchange(outgoing, like):
+        incoming = torch.zeros_like(like)
+        sent, received = dist.isend(outgoing.clone(), (rank + 1) % p), dist.irecv(incoming, (rank - 1) % p)
+        early = incoming.clone()                     # read before received.wait(): often still zeros
+        received.wait()
+        sent.wait()
+        return early
+    _steps(rank, p, flat, chunks, exchange)
+    return _gather(tensor)
+
+
+class _Repaired8Wrongly:
+    """Exercise 8.1's programs with two of the lesson's mistakes left in: every rank sends first, and the
+    gather pads each rank's tensor to its own length (plus one) instead of the longest."""
+
+    @staticmethod
+    def pass_right(rank, world_size, x):
+        incoming = torch.empty_like(x)
+        dist.send(x, dst=(rank + 1) % world_size)
+        dist.recv(incoming, src=(rank - 1) % world_size)
+        return incoming
+
+    @staticmethod
+    def global_mean(rank, world_size, x):
+        return x.mean()
+
+    @staticmethod
+    def gather_all(rank, world_size, x):
+        length = torch.tensor([x.numel()])
+        lengths = [torch.zeros_like(length) for _ in range(world_size)]
+        dist.all_gather(lengths, length)
+        padded = torch.cat([x, torch.zeros(1, dtype=x.dtype)])
+        pieces = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(pieces, padded)
+        return torch.cat([piece[: int(n)] for piece, n in zip(pieces, lengths)])
+'''
+_RINGS = {"__name__": "lesson04_test_mistakes"}
+exec(compile(_RING_MISTAKES, "<4.4 test mistakes>", "exec"), _RINGS)
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ("chunked_with_torch_chunk", r"(?s)raised IndexError.*torch\.chunk\(t, p\).*returns fewer than p.*chunk_bounds\(n, p\)"),
+    ("works_on_a_copy", r"the tensor passed in was not changed"),
+    ("returns_nothing", r"the function returned None instead of the tensor it was given"),
+    ("sends_first", r"(?s)deadlocked.*every rank is sending before anyone receives.*dist\.isend.*even ranks send first"),
+    ("reads_before_wait", r"(?s)a partial sum.*half-finished exchange.*Call wait\(\) before you read"),
+])
+def test_4_4_feedback_names_the_fix(mistake, says):
+    """Does 4.4's self-check answer each usual mistake (torch.chunk's short list, a copy, no return, every rank
+    sending first, a buffer read before its wait()) with the fix, not only with the values or a raw exception?"""
+    with pytest.raises(GradingFailure, match=says):
+        exercise("4.4").self_check(_RINGS[mistake])
+
+
+def test_8_1_feedback_names_the_fix():
+    """Does 8.1 answer a send-first pass_right with isend or the odd/even order, and a gather of unequal sizes
+    (gloo aborts the rank: SIGABRT) with the rule that the ranks agree on the longest length first?"""
+    with pytest.raises(GradingFailure, match=r"(?s)hang \(pass_right\): your code deadlocked.*dist\.isend.*even ranks send first"):
+        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "hang")
+    with pytest.raises(GradingFailure, match=r"(?s)crash \(gather_all\): rank \d was killed by SIGABRT.*gloo's all_gather needs "
+                                             r"every rank's tensor to have the same number of elements.*longest"):
+        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "crash")
+
+
+# Answers to Exercises 5.1 and 5.2 with the mistakes the feedback must name (run by value on the ranks).
+_LESSON05_MISTAKES = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def averages_the_weights(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.all_reduce(p)
+            p /= dist.get_world_size()
+
+
+def sums_in_float32(model):
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params])    # the float64 gradients lose digits here
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for p, part in zip(params, flat.split([p.numel() for p in params])):
+        p.grad.copy_(part.view_as(p.grad))
+
+
+def divides_before_wait(model):
+    works = []
+    for p in model.parameters():
+        if p.grad is not None:
+            works.append(dist.all_reduce(p.grad, async_op=True))
+            p.grad /= dist.get_world_size()                            # the sum has not arrived yet
+    for work in works:
+        work.wait()
+
+
+def _average(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def _loop(model, loader, epochs, lr, sampler=None, split=None):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for epoch in range(epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            if split is not None:
+                x, y = x[split[0]::split[1]], y[split[0]::split[1]]
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            _average(model)
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def no_set_epoch(rank, world_size, dataset, model, epochs, batch_size, lr):
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+    return _loop(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), epochs, lr)
+
+
+def not_sharded(rank, world_size, dataset, model, epochs, batch_size, lr):
+    return _loop(model, DataLoader(dataset, batch_size=batch_size, shuffle=True), epochs, lr)
+
+
+def splits_each_batch(rank, world_size, dataset, model, epochs, batch_size, lr):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return _loop(model, loader, epochs, lr, split=(rank, world_size))
+'''
+_LESSON05 = {"__name__": "lesson05_test_mistakes"}
+exec(compile(_LESSON05_MISTAKES, "<5.1 and 5.2 test mistakes>", "exec"), _LESSON05)
+
+
+@pytest.mark.parametrize("number, mistake, says", [
+    ("5.1", "averages_the_weights", r"the weights \(the parameters themselves\) changed: your code averaged the weights "
+                                    r"instead of the gradients"),
+    # The float32 sum is within a millionth of the mean: the numbers shown must not read as the mean itself.
+    ("5.1", "sums_in_float32", r"rank 0 ended with 2\.33333325\d+; .*within a millionth of the mean but not on it "
+                               r"\(the mean is 2\.3333333333333335\).*float32"),
+    ("5.1", "divides_before_wait", r"half-finished exchange.*Call wait\(\) before you read, add, copy or divide"),
+    ("5.2", "no_set_epoch", r"epoch 1 gave every rank the same samples, in the same order, as epoch 0.*"
+                            r"sampler\.set_epoch\(epoch\)"),
+    ("5.2", "not_sharded", r"It trained on all 12 samples every epoch, not on its own 6: give each rank its own shard"),
+    ("5.2", "splits_each_batch", r"fewer than batch_size \(3\), which is already the batch of one rank"),
+])
+def test_5_1_and_5_2_feedback_names_the_mistake(number, mistake, says):
+    """Do 5.1's and 5.2's self-checks name weights averaged instead of gradients, a sum that lost precision (without
+    printing numbers that look like the mean), a division before wait(), a loop without set_epoch, an unsharded
+    loop and a batch split between the ranks, instead of a number or an unrelated hint?"""
+    with pytest.raises(GradingFailure, match=says):
+        exercise(number).self_check(_LESSON05[mistake])
 
 
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():

@@ -11,6 +11,7 @@ faster, by tests/test_notebooks.py; here one lesson-03 learner is enough.)
 from __future__ import annotations
 
 import csv
+import html
 import json
 import re
 from pathlib import Path
@@ -227,6 +228,10 @@ def test_near_misses_lose_only_the_parts_they_miss(graded):
     assert "does not hold yet" in feedback  # 4.1: the schedule sends a chunk the rank lacks
     assert "right neighbour" in feedback  # 4.2: not a ring
     assert "2(p-1)" in feedback and "whole tensor" in feedback  # 4.4: the bandwidth bound
+    # Each failing part reads as its exercise, part and points, then the message; no frame of the checks.
+    text = html.unescape(re.sub(r"<[^>]+>", "", feedback))
+    assert 'Exercise 4.4, part "bandwidth": 0 of 3 points.' in text and 'Exercise 4.1, part "all_gather": 0 of 1 point.' in text
+    assert not [name for name in ("kit.py", "lesson04.py", "ringcheck.py", "Traceback (most recent call last)") if name in text]
 
 
 def test_built_in_collectives_earn_nothing(graded):
@@ -258,6 +263,7 @@ def test_receive_first_deadlock_scores_zero_without_hanging(graded):
     assert _scores(graded, "dave") == {key: 0 if key[0] == "4.4" else value for key, value in points.items()}
     feedback = _feedback(root, "dave")
     assert "deadlocked" in feedback and "recv" in feedback
+    assert "dist.isend" in feedback and "even ranks send first" in feedback  # the fix, not only the cycle
     assert "autograded dave/" in out
 
 

@@ -103,6 +103,7 @@ def test_forgetting_to_divide_is_named(graded_lesson):
     got = graded_lesson.scores("dee")
     assert got == {**graded_lesson.points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0, "5.2/same_steps": 0}
     graded_lesson.check_feedback("dee", "Did you divide by the world size?")
+    graded_lesson.check_verdicts("dee", {"5.1/correct", "5.1/unused_frozen_tied", "5.1/training", "5.2/same_steps"})
 
 
 def test_averaging_the_weights_is_named(graded_lesson):
@@ -110,7 +111,8 @@ def test_averaging_the_weights_is_named(graded_lesson):
     got = graded_lesson.scores("eli")
     assert {k: v for k, v in got.items() if k.startswith("5.1")} == {
         "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/parameters_unchanged": 0, "5.1/training": 0}
-    graded_lesson.check_feedback("eli", "weights were averaged instead of the gradients")
+    graded_lesson.check_feedback("eli", "weights were averaged instead of the gradients",
+                                 "your code averaged the weights instead of the gradients")
 
 
 def test_reduce_instead_of_all_reduce_is_named(graded_lesson):

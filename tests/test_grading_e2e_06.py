@@ -1,25 +1,36 @@
-"""Lesson 06 graded end to end with the real nbgrader: realistic wrong MiniDDPs lose the right parts.
+"""Lesson 06 graded end to end with the real nbgrader: realistic wrong wrappers lose the right parts.
 
 A temporary copy of the course receives five learners' versions of lesson 06 and is graded
-with `python -m autograder grade`, the instructor's command: the instructor's MiniDDP, and
-four mistakes made from it, each a line or two away from the answer: no broadcast at
-construction, every bucket reduced only after backward (no overlap), the all-reduces never
-waited for, and the sum never divided by the world size.
+with `python -m autograder grade`, the instructor's command: the instructor's answers to
+6.1 (one all-reduce per parameter) and 6.2 (MiniDDP), and mistakes made from them, each a
+line or two away from the answer: a 6.1 that waits for each all-reduce inside its hook, a
+6.1 that never waits, and MiniDDPs with no broadcast at construction, every bucket reduced
+only after backward (no overlap), the all-reduces never waited for, and the sum never
+divided by the world size. The feedback pages must show each failing part as its exercise,
+part, points and message, without the checks' own traceback.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from _grading import with_mistakes
+from _grading import variant
+from devtools.scratch import solution_source
 
 pytestmark = pytest.mark.slow  # every test reads the graded class
 
 LESSON = "06-ddp"
-ANSWER = "ex6_1-miniddp"
+PER_PARAMETER, MINIDDP = "ex6_1-perparameterddp", "ex6_2-miniddp"
 
-# Each learner's changes to the instructor's answer: (old, new) pairs.
-MISTAKES = {
+# Each learner's changes to the instructor's answers: (old, new) pairs, per answer cell.
+MISTAKES_6_1 = {
+    # The hook waits for its own all-reduce: right gradients, but backward stops at every parameter.
+    "ben": (("        self.pending.append((param, work))\n",
+             "        work.wait()\n        self.pending.append((param, work))\n"),),
+    # finish_gradient_synchronization divides whatever is there: the all-reduces are never waited for.
+    "cid": (("            work.wait()                            # only now does param.grad hold the sum\n", ""),),
+}
+MISTAKES_6_2 = {
     # Each rank keeps the weights it built: nothing makes them rank 0's.
     "ben": (("dist.broadcast(tensor, src=0)", "pass"),),
     # The hook counts but never starts a bucket: finish starts them all, after backward.
@@ -29,26 +40,37 @@ MISTAKES = {
     # The sum is copied back as it is.
     "eli": (("            flat /= dist.get_world_size()\n", ""),),
 }
+
+
+def _answers(who: str) -> dict[str, str]:
+    return {cell: variant(LESSON, cell, *mistakes[who]) if who in mistakes else solution_source(LESSON, cell)
+            for cell, mistakes in ((PER_PARAMETER, MISTAKES_6_1), (MINIDDP, MISTAKES_6_2))}
+
+
 # What each learner hands in (tests/conftest.py grades them with the session's other learners):
-# amy the instructor's answer, the others their mistake.
-HANDED_IN = {LESSON: with_mistakes(LESSON, ANSWER, MISTAKES)}
+# amy the instructor's answers, the others their mistakes.
+HANDED_IN = {LESSON: {who: _answers(who) for who in ("amy", "ben", "cid", "dee", "eli")}}
 
 
-def test_the_instructors_miniddp_earns_full_marks(graded_lesson):
-    """Does the instructor's MiniDDP, handed in as a learner's, earn every point?"""
+def test_the_instructors_answers_earn_full_marks(graded_lesson):
+    """Do the instructor's PerParameterDDP and MiniDDP, handed in as a learner's, earn every point?"""
     assert graded_lesson.scores("amy") == graded_lesson.points
 
 
-def test_no_broadcast_loses_only_the_broadcast_part(graded_lesson):
-    """Does a MiniDDP that never broadcasts lose the broadcast part alone, with feedback that says what to broadcast?"""
-    assert graded_lesson.scores("ben") == {**graded_lesson.points, "broadcast": 0}
-    graded_lesson.check_feedback("ben", "broadcast every parameter and buffer from rank 0")
+def test_waiting_in_the_hook_and_no_broadcast_lose_only_their_parts(graded_lesson):
+    """Does a 6.1 that waits inside its hook lose 'per_parameter' alone, and a MiniDDP that never broadcasts 'broadcast'
+    alone, each with feedback that says what to change?"""
+    assert graded_lesson.scores("ben") == {**graded_lesson.points, "6.1/per_parameter": 0, "6.2/broadcast": 0}
+    graded_lesson.check_feedback("ben", "were waited for during backward", "wait for it only in finish_gradient_synchronization()",
+                                 "broadcast every parameter and buffer from rank 0")
 
 
-def test_reducing_after_backward_loses_only_the_overlap(graded_lesson):
-    """Does a MiniDDP that starts every all-reduce after backward lose the overlap part alone, and say why?"""
-    assert graded_lesson.scores("cid") == {**graded_lesson.points, "overlap": 0}
-    graded_lesson.check_feedback("cid", "so communication overlaps the rest of backward")
+def test_never_waiting_in_6_1_and_reducing_after_backward_are_named(graded_lesson):
+    """Does a 6.1 that never waits lose its gradients (the values named as a half-finished exchange), and a MiniDDP that
+    starts every all-reduce after backward lose the overlap part alone, saying why?"""
+    assert graded_lesson.scores("cid") == {**graded_lesson.points, "6.1/gradients": 0, "6.2/overlap": 0}
+    graded_lesson.check_feedback("cid", "The values look like a half-finished exchange", "never called wait()",
+                                 "so communication overlaps the rest of backward")
 
 
 def test_never_waiting_loses_the_late_rank_part(graded_lesson):
@@ -58,15 +80,23 @@ def test_never_waiting_loses_the_late_rank_part(graded_lesson):
     part that makes one rank late is sure to catch it.
     """
     got = graded_lesson.scores("dee")
-    assert got["waits"] == 0 and got["broadcast"] == graded_lesson.points["broadcast"]
+    assert got["6.2/waits"] == 0 and got["6.2/broadcast"] == graded_lesson.points["6.2/broadcast"]
     assert sum(got.values()) < graded_lesson.full_marks
-    graded_lesson.check_feedback("dee", "wait for each all-reduce's work")
+    graded_lesson.check_feedback("dee", "never called wait()")
 
 
-def test_forgetting_to_divide_is_named(graded_lesson):
-    """Does a MiniDDP that never divides lose every part that compares gradients, with feedback naming the division?"""
-    assert graded_lesson.scores("eli") == {**graded_lesson.points, "gradients": 0, "waits": 0, "buckets": 0, "unused": 0}
-    graded_lesson.check_feedback("eli", "divide the summed bucket by the world size")
+def test_forgetting_to_divide_is_named_and_the_buckets_are_judged_on_their_sizes(graded_lesson):
+    """Does a MiniDDP that never divides lose every part that compares gradients, with feedback naming the division,
+    and keep 'buckets', which judges what its heading says (the number and sizes of the all-reduces)?"""
+    assert graded_lesson.scores("eli") == {**graded_lesson.points, "6.2/gradients": 0, "6.2/waits": 0, "6.2/unused": 0}
+    graded_lesson.check_feedback("eli", "divide the summed gradients by the world size")
+
+
+def test_feedback_shows_part_verdict_and_message_not_the_checks_traceback(graded_lesson):
+    """Does each failing part's cell on the feedback page read 'Exercise N.M, part "p": 0 of k points.' followed by the
+    message, with no frame of the grading code (kit.py, lesson06.py, gradcheck.py)?"""
+    graded_lesson.check_verdicts("ben", {"6.1/per_parameter", "6.2/broadcast"})
+    graded_lesson.check_verdicts("eli", {"6.2/gradients", "6.2/waits", "6.2/unused"})
 
 
 def test_grading_run_records_every_learner(graded_lesson):

@@ -152,21 +152,35 @@ def test_a_wrong_row_names_the_case_and_why_uneven_sizes_matter():
     judge_rows(attempt, 2, [[{"shape": (4,), "dtype": "int64", "ok": True}]] * 2)  # all right: no failure
 
 
-@pytest.mark.parametrize("values, says", [
-    ([[7.0], [7.0], [7.0]], "exactly world_size = 3 times too large. Did you divide by the world size?"),
-    ([[7 / 3], [2.0], [4.0]], "Rank 0 is right but the others are not"),
-    ([[1.0], [2.0], [4.0]], "Each rank kept its own gradient"),
-    ([[None], [7 / 3], [7 / 3]], "rank 0's .grad became None"),
+def _signatures(values, weight_changed=False, asynchronous=False) -> list[dict]:
+    """What signature_worker returns, for each rank's final .grad (None, or a list)."""
+    return [{"grad": None if v == [None] else v, "weight_changed": weight_changed, "asynchronous": asynchronous}
+            for v in values]
+
+
+@pytest.mark.parametrize("values, options, says", [
+    ([[7.0], [7.0], [7.0]], {}, "exactly world_size = 3 times too large. Did you divide by the world size?"),
+    ([[7 / 3], [2.0], [4.0]], {}, "Rank 0 is right but the others are not"),
+    ([[1.0], [2.0], [4.0]], {}, "Each rank kept its own gradient"),
+    ([[None], [7 / 3], [7 / 3]], {}, "rank 0's .grad became None"),
+    ([[1.0], [2.0], [4.0]], {"weight_changed": True}, "averaged the weights instead of the gradients"),
+    ([[7.0], [7.0], [7.0]], {"asynchronous": True}, "a division made before wait() on an asynchronous all_reduce"),
+    ([[2.0], [3.0], [4.0]], {"asynchronous": True}, "half-finished exchange"),
+    # float32 on the way: the values print as the mean at 6 digits, so they are shown in full, and why they fail.
+    ([[2.3333332538604736]] * 3, {}, "rank 0 ended with 2.3333332538604736; "),
+    ([[2.3333332538604736]] * 3, {}, "within a millionth of the mean but not on it"),
 ])
-def test_the_signature_gradient_names_the_mistake(values, says):
-    """5.1: from each rank's 2**rank gradient, does the feedback say what the learner's averaging did wrong?"""
-    values = [None if v == [None] else v for v in values]
-    text = _fails(judge_signature, Attempt(_exercise(), "correct", print), 3, values)
+def test_the_signature_gradient_names_the_mistake(values, options, says):
+    """5.1: from each rank's 2**rank gradient, does the feedback say what the learner's averaging did wrong, and never
+    show failing values that read as the right ones?"""
+    text = _fails(judge_signature, Attempt(_exercise(), "correct", print), 3, _signatures(values, **options))
     assert says in text
+    if [7 / 3] not in values:  # a rank that holds the mean may say so; one that does not must not look as if it did
+        assert "ended with 2.33333;" not in text
 
 
 def test_the_signature_of_a_right_mean_passes():
-    judge_signature(Attempt(_exercise(), "correct", print), 3, [[7 / 3]] * 3)
+    judge_signature(Attempt(_exercise(), "correct", print), 3, _signatures([[7 / 3]] * 3))
 
 
 # -- a torchrun job's feedback, from the records its processes write ------------------------------
@@ -214,16 +228,32 @@ def test_a_job_that_hung_says_where_each_process_was(tmp_path):
 
 
 def test_a_verdict_replaces_the_placeholder_and_names_what_was_left_out(tmp_path):
-    """Does a failed part's cell show GradingFailure with the message, the left-out lines, and no placeholder?"""
+    """Does a failed part's cell show the exercise, the part and its points, then the message, the left-out lines,
+    and no placeholder?"""
     cell = nbformat.v4.new_code_cell("exercise('9.1').grade(answer, 'correct')")
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=DEFERRED + "\n")]
-    result = {"exercise": "9.1", "part": "correct", "points": 2, "score": 0, "message": "correct: rank 1 was wrong."}
+    result = {"exercise": "9.1", "part": "correct", "points": 2, "score": 0, "message": "correct: rank 1 was wrong.",
+              "text": "rank 1 was wrong."}
     outputs = verdict_outputs(cell, result, ["cell 3, line 1: print(x)"], tmp_path)
     assert len(outputs) == 1 and outputs[0]["ename"] == "GradingFailure"
-    assert outputs[0]["evalue"] == "correct: rank 1 was wrong."
+    assert outputs[0]["evalue"] == 'Exercise 9.1, part "correct": 0 of 2 points.'
+    assert outputs[0]["traceback"][1] == "rank 1 was wrong."
     assert CLEAN_NOTE in "\n".join(outputs[0]["traceback"]) and "cell 3, line 1: print(x)" in outputs[0]["traceback"][-1]
     passed = verdict_outputs(cell, dict(result, score=2), [], tmp_path)
     assert passed[-1]["text"] == 'Exercise 9.1, part "correct": passed (2 of 2 points).\n'
+
+
+def test_a_fault_of_the_course_keeps_its_whole_message(tmp_path):
+    """Does a part whose check broke (CheckError) show the course's whole message, with where it failed for the
+    instructor, rather than the learner's short verdict?"""
+    cell = nbformat.v4.new_code_cell("exercise('9.1').grade(answer, 'correct')")
+    message = ('Exercise 9.1, part "correct": the course\'s check itself failed (KeyError: 1).\nThis is a fault in '
+               'the course\'s grading code.\nWhere it failed, for the instructor:\n  File "ringcheck.py", line 3, in x')
+    result = {"exercise": "9.1", "part": "correct", "points": 2, "score": 0, "message": message, "text": message,
+              "check_error": True}
+    [output] = verdict_outputs(cell, result, [], tmp_path)
+    assert output["ename"] == "CheckError" and output["evalue"] == message.splitlines()[0]
+    assert output["traceback"][1:] == message.splitlines()[1:]
 
 
 def _record() -> dict:

@@ -72,11 +72,46 @@ def test_a_rank_that_raises_is_named_with_its_exception_and_line():
 
 
 def test_the_self_check_shows_the_same():
-    """Does the self-check (one agent of two processes) show the failing rank's exception and line too?"""
+    """Does the self-check (two agents of one process each) show the failing rank's exception and line too?"""
     text = _feedback(raises_on_rank_one, "self-check")
-    assert "one torchrun agent of 2 processes" in text
-    assert "rank 1 raised ValueError: rank 1 found a bad batch" in text
+    assert "2 torchrun agents (simulated hosts) of 1 process each" in text
+    assert "rank 1 (local rank 0 under torchrun agent 1) raised ValueError: rank 1 found a bad batch" in text
     assert 'raise ValueError(f"rank {rank} found a bad batch")' in text
+
+
+def _answer_with(tmp_path, name: str, old: str, new: str):
+    """The instructor's main() with ``old`` replaced by ``new``, as a module's function (export_script reads its source)."""
+    import importlib.util
+
+    from devtools.scratch import solution_source
+
+    source = solution_source("07-launching-at-scale", "ex7_1-main")
+    assert old in source, f"the solution no longer contains {old!r}: update this test"
+    path = tmp_path / f"{name}.py"
+    path.write_text("import os\nimport torch, torch.distributed as dist\nimport torch.nn.functional as F\n"
+                    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                    "from torch.utils.data import DataLoader, DistributedSampler\n"
+                    "from autograder.lessons.lesson07 import make_model, make_dataset, EPOCHS, BATCH_SIZE, LR, CHECKPOINT\n\n"
+                    + source.replace(old, new) + "\n")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_the_self_check_catches_local_rank_used_as_the_global_rank(tmp_path):
+    """Does the visible self-check (two simulated hosts, LOCAL_RANK 0 on both) fail a main() that takes LOCAL_RANK
+    for RANK, naming the global RANK, as the hidden tests do?"""
+    main = _answer_with(tmp_path, "local_rank_as_rank", 'rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])')
+    text = _feedback(main, "self-check")
+    assert "the saved weights differ from one process" in text and "the global RANK (not LOCAL_RANK)" in text, text
+
+
+def test_a_main_without_the_barrier_loses_clean_exit(tmp_path):
+    """Does a main() that never waits at a barrier after rank 0's save fail 'clean_exit', saying which ranks did not wait?"""
+    main = _answer_with(tmp_path, "no_barrier", "    dist.barrier()  ", "    pass  ")
+    text = _feedback(main, "clean_exit")
+    assert "did not wait at a dist.barrier() for rank 0's checkpoint" in text, text
 
 
 def test_a_rank_that_exits_without_an_exception_shows_its_code_and_last_output():

@@ -46,6 +46,27 @@ EXPECTED_OUTPUTS = {
         ("def short_timeout(", r"Timed out waiting 2000ms"),
         ("def wrong_interface(", r"Unable to find address for: eth7"),
         ("try_program(Broken, name)", r"rank 0 waits in recv\(src=1\) at Cell In\[\d+\], line \d+, in pass_right"),
+        ("def step_time(", r"bucket_cap_mb=0\.01 +24 all-reduces per step"),  # one per layer, not per parameter
+        ("def compare_rings(", r"schedule of rank 0 of 3: \[\(0, 2, True\), \(2, 1, True\), \(1, 0, False\), \(0, 2, False\)\]"),
+    ],
+    # Lesson 06's prose reads these off its cells (torch 2.13): Join's divisor, the hooks' order under a forward pass
+    # the data steers, where clipping belongs, SyncBatchNorm on a CPU, per-rank seeds, the first step's single bucket.
+    "06-ddp": [
+        ("def lone_last_step(", r"divide_by_initial_world_size=True: rank 0's gradient at its two steps: \[1\.0, 0\.5\]"),
+        ("def lone_last_step(", r"divide_by_initial_world_size=False: rank 0's gradient at its two steps: \[1\.0, 1\.0\]"),
+        ("def hook_order(", r"rank 0: hooks fired in the order \['b', 'a'\]\nrank 1: hooks fired in the order \['a', 'b'\]"),
+        ("def clipped_step(", r"clipped before the sync: same step as one process: False"),
+        ("def clipped_step(", r"clipped after  the sync: same step as one process: True"),
+        ("def batch_statistics(", r"SyncBatchNorm here: ValueError: SyncBatchNorm expected input tensor to be on GPU|"
+                                  r"SyncBatchNorm's mean"),
+        ("def dropout_mask(", r"one seed for all : units dropped on rank 0 (\[[01, ]+\]), on rank 1 \1\n"),
+        ("for cap in (25, 1):", r"bucket_cap_mb= 1, step 1: 1 all-reduce\(s\), MB: \[6\.0\d\]\n"
+                                r"bucket_cap_mb= 1, step 2: 6 all-reduce\(s\)"),
+    ],
+    # Lesson 07: what the old launcher passes in torch 2.13 (the argument and the variable), and what torchrun passes.
+    "07-launching-at-scale": [
+        ('"-m", "torch.distributed.launch"', r"rank \d: arguments \['--local-rank=\d'\], LOCAL_RANK=\d"),
+        ('"-m", "torch.distributed.launch"', r"rank \d: arguments \[\], LOCAL_RANK=\d, local rank \d \(from LOCAL_RANK\)"),
     ],
     # Lesson 09's prose quotes these numbers (DTensor's own collectives in the trace); older torch says "Skipped".
     "09-sharding": [
@@ -136,3 +157,38 @@ def test_course_is_in_sync_with_solutions():
     from autograder.course.build import stale_lessons
 
     assert stale_lessons() == [], "course/ is out of date: run `make course` and commit course/"
+
+
+def test_lesson_00_lists_every_lesson_on_the_road_ahead():
+    """Does lesson 00's road-ahead table give one row to every lesson in solutions/, from 00 to the last, in order?"""
+    nb = json.loads((ROOT / "solutions" / "00-getting-started" / "00-getting-started.ipynb").read_text())
+    text = next(_source(c) for c in nb["cells"] if "## The road ahead" in _source(c))
+    table = text.split("## The road ahead", 1)[1]
+    rows = re.findall(r"^\| (\d{2}) ", table, re.M)
+    assert rows == [lesson[:2] for lesson in LESSONS], f"the road ahead lists lessons {rows}; solutions/ has {LESSONS}"
+
+
+@pytest.mark.slow
+def test_a_failing_self_check_reads_as_exercise_part_and_message_in_a_kernel(tmp_path):
+    """In a real kernel, does a failing self-check show 'GradingFailure: Exercise 5.1, part "self-check": ...' with the
+    fix, and none of the checks' frames (kit.py, lesson05.py), while a fault of the course (CheckError) keeps its
+    traceback for the instructor?"""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
+        "import torch, torch.distributed as dist\nfrom autograder import exercise",
+        "def average_gradients(model):\n    for p in model.parameters():\n        if p.grad is not None:\n"
+        "            dist.all_reduce(p.grad)          # the sum, never divided",
+        'exercise("5.1").self_check(average_gradients)',
+        "from autograder.lessons.kit import Exercise, Part\n"
+        "broken = Exercise(number=\"9.9\", function=\"f\", title=\"t\", parts=(Part(\"p\", 1, \"p.\", lambda a: {}[\"key\"]),))\n"
+        "broken.grade(print, \"p\")",
+    )])
+    NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    [failure] = [o for o in nb.cells[2].outputs if o.output_type == "error"]
+    shown = "\n".join(failure.traceback)
+    assert failure.ename == "GradingFailure"
+    assert re.search(r'GradingFailure.*: Exercise 5\.1, part "self-check": on 2 ranks.*Did you divide by the world size\?', shown), shown
+    assert not [name for name in ("kit.py", "lesson05.py", "gradcheck.py", "harness.py", "Traceback") if name in shown], shown
+    [fault] = [o for o in nb.cells[3].outputs if o.output_type == "error"]
+    assert fault.ename == "CheckError" and "the course's check itself failed (KeyError" in fault.evalue
+    assert "kit.py" in "\n".join(fault.traceback)  # the whole traceback, for the instructor

@@ -1,4 +1,4 @@
-"""helpers.ring: is the pipelined ring all-reduce lesson 8 shows a correct all-reduce, on lesson 4's schedule?"""
+"""helpers.ring: is the pipelined ring all-reduce lesson 8 shows a correct all-reduce, and not Exercise 4.1's answer?"""
 
 from __future__ import annotations
 
@@ -12,12 +12,31 @@ from helpers.ring import pipelined_ring_allreduce, ring_schedule
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
-def test_the_schedule_is_lesson_4s(world_size):
-    """Does every step send and receive the chunks of the reference ring's schedule, adding in the reduce-scatter only?"""
-    for rank in range(world_size):
-        expected = [ring_chunks(phase, s, rank, world_size) + (phase == "reduce-scatter",)
-                    for phase in ("reduce-scatter", "all-gather") for s in range(world_size - 1)]
-        assert ring_schedule(rank, world_size) == expected
+def test_the_schedule_is_a_ring_turned_one_chunk_from_lesson_4s(world_size):
+    """Does every step receive what the left neighbour sends and send on what just arrived, adding in the
+    reduce-scatter only, with rank r owning chunk r+1 in between: lesson 4's ring turned by one chunk?"""
+    schedules = [ring_schedule(rank, world_size) for rank in range(world_size)]
+    for rank, steps in enumerate(schedules):
+        expected = [((chunk + 1) % world_size, (recv + 1) % world_size, phase == "reduce-scatter")
+                    for phase in ("reduce-scatter", "all-gather") for s in range(world_size - 1)
+                    for chunk, recv in [ring_chunks(phase, s, rank, world_size)]]
+        assert steps == expected
+        left = schedules[(rank - 1) % world_size]
+        assert all(recv == left[s][0] for s, (_, recv, _) in enumerate(steps))
+        assert all(steps[s + 1][0] == steps[s][1] for s in range(len(steps) - 1))
+
+
+def test_the_shipped_schedule_does_not_answer_exercise_4_1():
+    """helpers.ring ships to learners: is its schedule, copied into ring_chunks, a wrong answer to 4.1 (the chunk
+    rank r owns is r+1, and the feedback says so) rather than the exercise's answer?"""
+    from autograder import exercise
+    from autograder.lessons.kit import GradingFailure
+
+    table = {(phase, s, rank, p): ring_schedule(rank, p)[s if phase == "reduce-scatter" else p - 1 + s][:2]
+             for p in range(2, 9) for rank in range(p) for s in range(p - 1) for phase in ("reduce-scatter", "all-gather")}
+    copied = lambda phase, step, rank, world_size: table[phase, step, rank, world_size]  # noqa: E731 - no call to helpers.ring
+    with pytest.raises(GradingFailure, match=r"rank 0's chunk 0 holds the sum of ranks \[0\] only.* Its chunk 1 is complete"):
+        exercise("4.1").grade(copied, "reduce_scatter")
 
 
 def _sums(rank, world_size, cases):
@@ -71,9 +90,10 @@ def test_it_sends_what_the_plain_ring_sends_only_to_the_right(world_size, numel,
         assert right, f"rank {rank}: wrong sum"
         def length(c):
             return min(chunk, max(0, numel - (c % world_size) * chunk))
-        # Reduce-scatter: every chunk but its own goes right; all-gather: every chunk but its right neighbour's.
-        assert sum(n for _, n in sent) == 4 * (2 * numel - length(rank) - length(rank + 1)), (rank, sent)
-        assert sum(n for _, n in received) == 4 * (2 * numel - length(rank - 1) - length(rank)), (rank, received)
+        # Rank r owns chunk r+1 between the phases. Reduce-scatter: every chunk but r+1 goes right, every chunk but r
+        # comes in; all-gather: every chunk but r+2 goes right, every chunk but r+1 (its own, finished) comes in.
+        assert sum(n for _, n in sent) == 4 * (2 * numel - length(rank + 1) - length(rank + 2)), (rank, sent)
+        assert sum(n for _, n in received) == 4 * (2 * numel - length(rank) - length(rank + 1)), (rank, received)
         assert {peer for peer, _ in sent} == {(rank + 1) % world_size}, sent
         assert {peer for peer, _ in received} == {(rank - 1) % world_size}, received
         largest = piece if piece else 4 * chunk

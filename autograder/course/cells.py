@@ -58,8 +58,8 @@ def answer_id(ex: Exercise) -> str:
     """The nbgrader id of an exercise's answer cell: ``ex4_4-ring-allreduce``.
 
     >>> from autograder import exercise
-    >>> answer_id(exercise("6.1")), self_check_id(exercise("6.1")), test_id(exercise("6.1"), "gradients")
-    ('ex6_1-miniddp', 'self-check-ex6_1', 'test-ex6_1-gradients')
+    >>> answer_id(exercise("6.2")), self_check_id(exercise("6.2")), test_id(exercise("6.2"), "gradients")
+    ('ex6_2-miniddp', 'self-check-ex6_2', 'test-ex6_2-gradients')
     """
     return f"{_exercise_key(ex)}-{ex.function.lower().replace('_', '-')}"
 

@@ -107,18 +107,40 @@ def verdict_outputs(cell: Any, result: dict[str, Any], left_out: list[str], fold
         kept.append(nbformat.v4.new_output("stream", name="stdout", text=f"{label}: passed ({points:g} of {points:g} "
                                                                            f"point{'s' if points != 1 else ''}).\n"))
         return kept
-    message = redact(result.get("message") or "no message", folder)
+    if result.get("check_error"):  # the course's fault: its whole message, with where it failed, for the instructor
+        name, message = "CheckError", redact(result.get("message") or "no message", folder)
+    else:  # the learner's: the part, the verdict, then what went wrong, and no frame of the checks
+        name, message = "GradingFailure", redact(_verdict(result, label), folder)
     if left_out:
         shown = [f"  {line}" for line in left_out[:8]] + ([f"  ... and {len(left_out) - 8} more"] if len(left_out) > 8
                                                           else [])
         message += (f"\n{CLEAN_NOTE} (parts are graded from your notebook's imports, functions, classes and "
                     "constants alone):\n" + "\n".join(shown))
-    name = "CheckError" if result.get("check_error") else "GradingFailure"
     red, reset = "\x1b[0;31m", "\x1b[0m"
     lines = message.splitlines() or [""]
     kept.append(nbformat.v4.new_output("error", ename=name, evalue=lines[0],
                                        traceback=[f"{red}{name}{reset}: {lines[0]}", *lines[1:]]))
     return kept
+
+
+def _verdict(result: dict[str, Any], label: str) -> str:
+    """``Exercise 5.1, part "correct": 0 of 2 points.`` and, on the lines after it, what the learner reads.
+
+    The failure's own label stays where it says more than the part's name (``crash (gather_all)``).
+
+    >>> print(_verdict({"part": "crash", "points": 2, "score": 0, "text": "rank 1 died.",
+    ...                 "message": "crash (gather_all): rank 1 died."}, 'Exercise 8.1, part "crash"'))
+    Exercise 8.1, part "crash" (gather_all): 0 of 2 points.
+    rank 1 died.
+    """
+    text, message = result.get("text"), result.get("message") or "no message"
+    if not text or not message.endswith(text):
+        text = message
+    own = message[:len(message) - len(text)].rstrip(": ") if message.endswith(text) else ""
+    if own.startswith(result["part"]) and own != result["part"]:
+        label += own[len(result["part"]):]
+    points = result["points"]
+    return (f"{label}: {float(result['score']):g} of {points:g} point{'s' if points != 1 else ''}.\n{text}")
 
 
 def settle(job: Job, results: list[dict[str, Any]], left_out: list[str], stopped: str | None,

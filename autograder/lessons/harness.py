@@ -189,6 +189,22 @@ def _raised_by_learner(frames: Sequence[Frame]) -> bool:
     return bool(frames) and _owner(frames[-1].filename) == "learner"
 
 
+def _signal(exitcode: int | None) -> str:
+    """``"SIGABRT"`` for a process a signal ended (a negative exit code), else ``""``.
+
+    >>> _signal(-6), _signal(1)
+    ('SIGABRT', '')
+    """
+    import signal
+
+    if exitcode is None or exitcode >= 0:
+        return ""
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return ""
+
+
 def _traceback_tail(text: str, lines: int = 6) -> str:
     tail = text.strip().splitlines()[-lines:] if text else []
     return "\n".join(tail)
@@ -307,7 +323,9 @@ def run_ranks(
     """Run ``worker(rank, world_size, *args)`` on fresh gloo ranks; turn every failure into feedback.
 
     ``exercise`` ("Exercise 4.1") and ``function`` (the learner's function name) word the
-    feedback; ``hints`` maps the type name of a rank's exception to a sentence added to it.
+    feedback; ``hints`` maps the type name of a rank's exception (or ``"SIGABRT"`` and the like
+    for a rank a signal ended, ``"DeadlockError"`` for a deadlock of point-to-point calls) to a
+    sentence added to it: the fix, where the mistake behind it is a usual one.
     ``settings`` are launch settings (:class:`helpers.settings.LaunchSettings`): grading runs
     on gloo, keeps the ranks' output out of the notebook and stops a run after 10 s unless told
     otherwise; ``forbid`` maps calls to switch off to the reason the learner reads, ``nnodes``
@@ -335,6 +353,8 @@ def run_ranks(
             calls = "point-to-point calls" if len(err.ranks) != 1 else "a point-to-point call"
             happened = (f"your code deadlocked {where}: rank{'s' if len(err.ranks) != 1 else ''} {stuck} waited "
                         f"in {calls} that no rank could ever match; it was stopped.")
+            if hints and "DeadlockError" in hints:
+                notes += ("\n" if notes else "") + f"  {hints['DeadlockError']}"
         else:
             happened = f"your code did not finish within {launch.timeout:g} s {where}; it was stopped."
         raise GradingFailure(
@@ -356,6 +376,7 @@ def run_ranks(
         if err.exc_type == "NotImplementedError" and _raised_by_learner(err.frames):
             raise _stub_failure(part, function, exercise, err.exc_message) from None
         what = f"raised {err.exc_type}: {err.exc_message}" if err.exc_type else err.exc_message
-        hint = f"\n  {hints[err.exc_type]}" if hints and err.exc_type in hints else ""
+        key = err.exc_type or _signal(err.exitcode)
+        hint = f"\n  {hints[key]}" if hints and key in hints else ""
         tail = _traceback_tail(err.rank_traceback)
         raise GradingFailure(f"rank {err.rank} {what} {where}.{hint}" + (f"\n{tail}" if tail else ""), part) from None

@@ -3,7 +3,7 @@
 - 4.1 ``ring_chunks(phase, step, rank, world_size)``: the schedule, a pure function giving
   ``(chunk sent right, chunk received from the left)`` at each step of the
   ``"reduce-scatter"`` and the ``"all-gather"``, such that rank r ends the reduce-scatter
-  owning the full sum of chunk r (as ``dist.reduce_scatter_tensor`` leaves it).
+  owning the full sum of chunk r (as ``dist.reduce_scatter`` leaves item r on rank r).
 - 4.2 ``ring_reduce_scatter(tensor)``: in place, chunk ``rank`` of the flattened tensor
   becomes its sum over all ranks; a ring, p-1 messages of at most ceil(n/p) elements.
 - 4.3 ``ring_all_gather(tensor)``: in place, each rank's chunk ``rank`` reaches every rank;
@@ -51,7 +51,8 @@ from .pieces import by_world_size, silent_ranks
 from .ringcheck import (TRAFFIC_CASES, all_gather_worker, all_reduce_worker, chunk_bounds, judge_rows,
                         judge_schedule, reduce_scatter_worker, ring_traffic, schedule_worker, traced)
 
-__all__ = ["EXERCISES", "exercise_4_1", "exercise_4_2", "exercise_4_3", "exercise_4_4", "CASES", "PHASES", "chunk_bounds"]
+__all__ = ["EXERCISES", "exercise_4_1", "exercise_4_2", "exercise_4_3", "exercise_4_4", "CASES", "PHASES", "HINTS",
+           "chunk_bounds"]
 
 PHASES = ("reduce-scatter", "all-gather")
 # Seconds one launch may take before it counts as a hang. A correct ring finishes each in
@@ -91,6 +92,18 @@ STEP_CASES = [
     (8, (1000,), "float64"),
 ]
 SELF_CHECK_CASES = [(2, (4,), "float32"), (3, (10,), "float32"), (3, (2,), "int64")]
+# What feedback adds to the usual mistakes of 4.2-4.4 (see autograder.lessons.harness.run_ranks).
+HINTS = {
+    "IndexError": "An IndexError in a ring usually means a list of chunks shorter than the world size: "
+                  "torch.chunk(t, p) (and t.chunk(p)) cuts chunks of ceil(n/p) elements and returns fewer than p "
+                  "of them when the elements run out (10 elements in 4 chunks give 3; 2 elements over 3 ranks "
+                  "give 2). Split with the lesson's chunk_bounds(n, p), which always gives p chunks, the last "
+                  "ones short or empty.",
+    "DeadlockError": "Every rank in the cycle sits in a blocking call that waits for another: when every rank "
+                     "sends first (or receives first), nobody ever reaches the matching call. Start each send "
+                     "with dist.isend, then recv, then wait() on the send's request; or let even ranks send "
+                     "first and odd ranks receive first (lesson 2, section 5).",
+}
 SCHEDULE_WORLDS = tuple(range(2, 9))
 SCHEDULE_SELF_CHECK_WORLDS = (2, 3, 4)
 
@@ -186,6 +199,7 @@ exercise_4_2 = Exercise(
     ),
     visible_check=_reduce_scatter_self_check,
     forbid=DATA_COLLECTIVES + (COURSE_RING,),
+    hints=HINTS,
     forbid_reason="exercise 4.2 asks you to build the reduce-scatter yourself, from send, recv, isend and irecv",
 )
 
@@ -223,6 +237,7 @@ exercise_4_3 = Exercise(
     ),
     visible_check=_all_gather_self_check,
     forbid=DATA_COLLECTIVES + (COURSE_RING,),
+    hints=HINTS,
     forbid_reason="exercise 4.3 asks you to build the all-gather yourself, from send, recv, isend and irecv",
 )
 
@@ -297,6 +312,7 @@ exercise_4_4 = Exercise(
     ),
     visible_check=_self_check,
     forbid=DATA_COLLECTIVES + (COURSE_RING,),
+    hints=HINTS,
     forbid_reason="exercise 4.4 asks you to build all_reduce yourself, from send, recv, isend and irecv",
 )
 

@@ -8,7 +8,8 @@ some ranks only counts as zero on the others. Parameters themselves must not cha
 Exercise 5.2: ``train(rank, world_size, dataset, model, epochs, batch_size, lr)`` trains
 ``model`` in place with data-parallel SGD on this rank's shard of ``dataset`` and returns
 this rank's loss at each step. In every epoch the ranks together see every sample once,
-each rank the same number. DistributedDataParallel is switched off.
+each rank the same number, in a new shuffle each epoch (the same on every rank).
+DistributedDataParallel is switched off.
 
 How the checks judge, without trusting the learner's kernel: every number is computed in
 fresh rank processes from data drawn at grading time, against a single-process reference
@@ -38,9 +39,10 @@ from typing import Any, Callable
 
 from helpers import DDP
 
-from .gradcheck import grad_worker, graded_batch, graded_model, judge_signature, shard_loss, signature_worker
+from .gradcheck import (grad_worker, graded_batch, graded_model, judge_signature, shard_loss, signature_worker,
+                        training_worker)
 from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import plural
+from .pieces import HALF_FINISHED, plural
 
 __all__ = ["EXERCISES", "exercise_5_1", "exercise_5_2"]
 
@@ -58,41 +60,6 @@ _MODEL_WORDS = {
     "unused_on_rank_0": "a model with a second head that only rank 0's data goes through",
     "tied": "a model whose two layers share one weight (tied weights)",
 }
-
-
-def _training_worker(rank: int, world_size: int, fn: Callable, optimizer: str, seed: int, steps: int,
-                     per_rank: int) -> dict[str, Any]:
-    """``steps`` steps with the learner's averaging, and the same steps in one process here."""
-    import torch
-
-    def make_optimizer(params):
-        if optimizer == "sgd":
-            return torch.optim.SGD(params, lr=0.1)
-        if optimizer == "momentum":
-            return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-        return torch.optim.Adam(params, lr=0.02)
-
-    def batch(step):
-        return graded_batch(seed + 1000 * (step + 1), per_rank * world_size, "float64")
-
-    single = graded_model("mlp", "float64", seed)  # one process on the whole batch, before the learner's code runs
-    opt_single = make_optimizer(single.parameters())
-    for step in range(steps):
-        x, y = batch(step)
-        opt_single.zero_grad()
-        shard_loss(single, "mlp", x, y, rank).backward()
-        opt_single.step()
-    mine = graded_model("mlp", "float64", seed)
-    opt_mine = make_optimizer(mine.parameters())
-    part = slice(rank * per_rank, (rank + 1) * per_rank)
-    for step in range(steps):
-        x, y = batch(step)
-        opt_mine.zero_grad()
-        shard_loss(mine, "mlp", x[part], y[part], rank).backward()
-        fn(mine)
-        opt_mine.step()
-    worst = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), single.parameters()))
-    return {"worst": worst, "scale": max(p.abs().max().item() for p in single.parameters())}
 
 
 # -- judging 5.1 ---------------------------------------------------------------------------
@@ -121,6 +88,11 @@ def _judge_grads(attempt: Attempt, kind: str, dtype_name: str, world_size: int, 
                 hint = ""
                 if abs(ratio - world_size) < 1e-3 and world_size > 1:
                     hint = f" It is {world_size} times too large: did you divide by the world size?"
+                if reply["changed"]:
+                    hint += (f" The parameter {reply['changed'][0]} itself changed too: average the gradients "
+                             "(each p.grad), not the weights.")
+                if reply["asynchronous"]:
+                    hint += "\n  " + HALF_FINISHED
                 attempt.fail(f"{where}, rank {rank}: {name}.grad differs from one process on the whole batch.\n"
                              f"  expected {want.reshape(-1)[:4].tolist()}\n  actual   {got.reshape(-1)[:4].tolist()}"
                              + hint)
@@ -180,7 +152,7 @@ def _parameters_unchanged(attempt: Attempt) -> None:
 def _training(attempt: Attempt) -> None:
     for optimizer, world_size in (("sgd", 2), ("momentum", 3), ("adam", 4)):
         seed = fresh_seed()
-        result = attempt.run(_training_worker, world_size, (attempt.fn, optimizer, seed, 5, 3), timeout=TIMEOUT,
+        result = attempt.run(training_worker, world_size, (attempt.fn, optimizer, seed, 5, 3), timeout=TIMEOUT,
                              context=f"5 steps of {optimizer} in float64")
         for rank, reply in enumerate(result):
             if reply["worst"] > 1e-9 * max(1.0, reply["scale"]):
@@ -211,12 +183,8 @@ exercise_5_1 = Exercise(
         Part("training", 2, "k steps of SGD, momentum and Adam end where one process ends.", _training),
     ),
     visible_check=_visible_5_1,
-    hints={
-        "AttributeError": "A parameter's .grad is None when it is frozen or no data went through it: "
-                          "skip those (see the exercise for a parameter unused on some ranks only).",
-        "TypeError": "A parameter's .grad is None when it is frozen or no data went through it: "
-                     "skip those (see the exercise for a parameter unused on some ranks only).",
-    },
+    hints=dict.fromkeys(("AttributeError", "TypeError"), "A parameter's .grad is None when it is frozen or no data "
+                        "went through it: skip those (see the exercise for a parameter unused on some ranks only)."),
 )
 
 
@@ -291,6 +259,23 @@ def _run_train(attempt: Attempt, world_size: int, batch_size: int, steps_per_epo
     return seed, n, context, list(result)
 
 
+def _why_not_these_steps(batches: list[list[int]], batch_size: int, world_size: int, n: int, epochs: int,
+                         want_steps: int) -> str:
+    """What a wrong number of training forward passes says about the loop."""
+    sizes = sorted({len(b) for b in batches})
+    if world_size > 1 and sum(len(b) for b in batches) == n * epochs:
+        return (f" It trained on all {n} samples every epoch, not on its own {n // world_size}: give each rank its own "
+                "shard, with DistributedSampler(dataset, num_replicas=world_size, rank=rank) or the split of "
+                "section 4.1.")
+    if len(batches) > want_steps and sizes and sizes[-1] < batch_size:
+        return (f" Its batches hold {' or '.join(map(str, sizes))} samples, fewer than batch_size ({batch_size}), "
+                "which is already the batch of one rank: each rank takes batch_size samples of its own shard per "
+                "step. Do not split a batch between the ranks, or divide batch_size by the world size.")
+    if len(batches) > want_steps:
+        return " (Evaluate under torch.no_grad(), so that evaluation is not counted as training.)"
+    return ""
+
+
 def _judge_sharding(attempt: Attempt, world_size: int, batch_size: int, steps_per_epoch: int, epochs: int,
                     n: int, context: str, replies: list[dict]) -> None:
     where = f"on {plural(world_size, 'rank')}, {context}"
@@ -302,11 +287,15 @@ def _judge_sharding(attempt: Attempt, world_size: int, batch_size: int, steps_pe
         if len(reply["batches"]) != want_steps:
             attempt.fail(f"{where}: rank {rank} made {len(reply['batches'])} training forward passes; with "
                          f"{n // world_size} samples per rank and batches of {batch_size} that is "
-                         f"{steps_per_epoch} per epoch, {want_steps} in all. (Evaluate under torch.no_grad().)")
+                         f"{steps_per_epoch} per epoch, {want_steps} in all."
+                         + _why_not_these_steps(reply["batches"], batch_size, world_size, n, epochs, want_steps))
+    orders = []  # per epoch, what each rank trained on, in order
     for epoch in range(epochs):
         owner: dict[int, int] = {}
+        orders.append([])
         for rank, reply in enumerate(replies):
             seen = [i for batch in reply["batches"][epoch * steps_per_epoch:(epoch + 1) * steps_per_epoch] for i in batch]
+            orders[-1].append(seen)
             if len(seen) != n // world_size:
                 attempt.fail(f"{where}: in epoch {epoch}, rank {rank} trained on {len(seen)} samples; each rank "
                              f"should see its own {n // world_size} (= {n} / {world_size}).")
@@ -320,6 +309,11 @@ def _judge_sharding(attempt: Attempt, world_size: int, batch_size: int, steps_pe
         missing = sorted(set(range(n)) - set(owner))
         if missing:
             attempt.fail(f"{where}: in epoch {epoch} no rank used samples {missing[:5]}.")
+        if epoch and orders[-1] == orders[-2]:
+            attempt.fail(f"{where}: epoch {epoch} gave every rank the same samples, in the same order, as epoch "
+                         f"{epoch - 1}. Shuffle anew every epoch, the same way on every rank: call "
+                         "sampler.set_epoch(epoch) at the start of each epoch (DistributedSampler shuffles with "
+                         "seed + epoch; without it every epoch replays the first, as section 4.2 shows).")
 
 
 def _judge_same_steps(attempt: Attempt, world_size: int, batch_size: int, steps: int, seed: int, n: int,
@@ -360,8 +354,9 @@ def _visible_5_2(attempt: Attempt) -> str:
     case = (2, 3, 2, 2)
     _sharding(attempt, (case,))
     _same_steps(attempt, (case,))
-    return ("Self-check passed: on 2 ranks, every epoch gave each rank its own half of the samples, and the "
-            "weights match one process taking the same steps. The hidden tests also try 3 and 4 ranks.")
+    return ("Self-check passed: on 2 ranks, every epoch gave each rank its own half of the samples, in a new "
+            "shuffle each epoch, and the weights match one process taking the same steps. The hidden tests also "
+            "try 3 and 4 ranks.")
 
 
 exercise_5_2 = Exercise(
@@ -370,7 +365,7 @@ exercise_5_2 = Exercise(
     title="a distributed training loop",
     parts=(
         Part("same_steps", 2, "the ranks end with the weights one process reaches.", _same_steps),
-        Part("sharding", 2, "each epoch, every sample once, equal shards.", _sharding),
+        Part("sharding", 2, "each epoch a new shuffle: every sample once, in equal shards.", _sharding),
     ),
     visible_check=_visible_5_2,
     forbid=(DDP,),

@@ -1,52 +1,49 @@
-"""Lesson 06's graded exercise: 6.1, ``MiniDDP(module, bucket_size_mb)``.
+"""Lesson 06's graded exercises: data parallelism during backward, in two steps.
 
-The learner wraps a model so that data parallelism happens during backward:
-
-- construction makes every parameter and buffer equal to rank 0's (a broadcast);
-- the trainable parameters are split into buckets by the rule of
-  :func:`bucket_layout` (reverse order, close a bucket once it holds
-  ``bucket_size_mb`` MB or more);
-- a hook on each parameter notes its gradient as ready during backward; once a bucket is
-  full its all-reduce starts, asynchronously, while backward goes on;
-- ``finish_gradient_synchronization()`` starts any bucket still waiting (a gradient that
-  never came counts as zero), waits for every all-reduce, and leaves each ``.grad``
-  holding the mean over the ranks.
+- 6.1 ``PerParameterDDP(module)``: construction makes every parameter and buffer equal to
+  rank 0's (a broadcast); a post-accumulate-grad hook on each trainable parameter starts an
+  asynchronous all-reduce of its gradient the moment backward produces it;
+  ``finish_gradient_synchronization()`` waits for every one and divides by the world size.
+  Every parameter of the graded model gets a gradient on every rank at every step.
+- 6.2 ``MiniDDP(module, bucket_size_mb)``: the same, with the trainable parameters split
+  into buckets by the rule of :func:`bucket_layout` (reverse order, close a bucket once it
+  holds ``bucket_size_mb`` MB or more); once a bucket is full its all-reduce starts;
+  ``finish_gradient_synchronization()`` starts any bucket still waiting (a gradient that never
+  came counts as zero, so a parameter no rank used ends with a zero gradient), waits for every
+  all-reduce, and leaves each ``.grad`` holding the mean over the ranks.
 
 How the checks judge: everything runs in fresh rank processes, against one process on the
-whole batch computed there too. The all-reduces are counted, and timed against the
-moment backward produces its last gradient, by the rank's instrument
-(:mod:`helpers._runtime.instrument`), which sees every ``torch.distributed`` call made in Python.
-torch's own DistributedDataParallel is switched off.
+whole batch computed there too (:mod:`autograder.lessons.gradcheck`). The all-reduces are
+counted, and timed against the moment backward produces its last gradient, by the rank's
+instrument (:mod:`helpers._runtime.instrument`), which sees every ``torch.distributed`` call
+made in Python. torch's own DistributedDataParallel is switched off.
 
-Hidden test cells and the visible self-check::
+Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("6.1").grade(MiniDDP, "broadcast")   # "gradients", "waits", "buckets", "overlap", "unused"
-    exercise("6.1").self_check(MiniDDP)
+    exercise("6.1").grade(PerParameterDDP, "broadcast")   # "gradients", "per_parameter"
+    exercise("6.2").grade(MiniDDP, "broadcast")   # "gradients", "waits", "buckets", "overlap", "unused"
+    exercise("6.2").self_check(MiniDDP)
 
 Example (the instructor's answer passes)::
 
     >>> from autograder.lessons.reference import MiniDDP
-    >>> exercise_6_1.grade(MiniDDP, "buckets")
+    >>> exercise_6_2.grade(MiniDDP, "buckets")
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 from helpers import DDP
 
+from .gradcheck import LATE, WIDTHS, wrapper_broadcast_worker, wrapper_step_worker
 from .kit import Attempt, Exercise, Part, fresh_seed
 from .pieces import plural
 
-__all__ = ["EXERCISES", "exercise_6_1", "layer_sizes", "bucket_layout"]
+__all__ = ["EXERCISES", "exercise_6_1", "exercise_6_2", "layer_sizes", "bucket_layout"]
 
 TIMEOUT = 10.0
-# A rank that starts its backward this late shows whether the others wait for the
-# all-reduces (a rank that does not wait reads its own gradient instead of the mean).
-LATE = 0.3
-WIDTHS = (6, 10, 10, 8, 4)  # the graded model: four Linear layers, 6 -> 10 -> 10 -> 8 -> 4
 MB = 1024 * 1024
 
 
@@ -63,7 +60,7 @@ def layer_sizes(widths: tuple[int, ...] = WIDTHS) -> list[int]:
 
 
 def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list[int]]:
-    """Exercise 6.1's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
+    """Exercise 6.2's bucket rule: which parameters share a bucket, as indices into ``sizes_in_bytes``.
 
     ``sizes_in_bytes`` are the trainable parameters' sizes in ``model.parameters()`` order.
     Walk them in reverse (the order backward produces gradients) and add each to the open
@@ -86,176 +83,55 @@ def bucket_layout(sizes_in_bytes: list[int], bucket_size_mb: float) -> list[list
     return buckets
 
 
-# -- models and data, the same on every process --------------------------------------------
+# -- judging, shared by both exercises ------------------------------------------------------
 
 
-def _model(seed: int, kind: str = "plain", dtype_name: str = "float32"):
-    """Four Linear layers with tanh between; ``kind`` adds what a part needs.
-
-    ``buffer``: a buffer the forward pass uses (scaled inputs), to check buffers are
-    broadcast too. ``unused``: the first layer's bias frozen, and a second head no rank
-    ever uses.
-    """
-    import torch
-    import torch.nn as nn
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:]))
-            self.spare = nn.Linear(WIDTHS[-2], WIDTHS[-1]) if kind == "unused" else None
-            self.register_buffer("scale", torch.rand(WIDTHS[0]) + 0.5)
-
-        def forward(self, x):
-            h = x * self.scale
-            for i, layer in enumerate(self.layers):
-                h = layer(h)
-                if i < len(self.layers) - 1:
-                    h = torch.tanh(h)
-            return h
-
-    torch.manual_seed(seed)
-    model = Net().to(getattr(torch, dtype_name))
-    if kind == "unused":
-        model.layers[0].bias.requires_grad_(False)
-    return model
-
-
-def _batch(seed: int, size: int, dtype_name: str = "float32"):
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 7)
-    x = torch.randn(size, WIDTHS[0], generator=g).to(getattr(torch, dtype_name))
-    return x, torch.randint(0, WIDTHS[-1], (size,), generator=g)
-
-
-def _grads(model) -> dict[str, Any]:
-    return {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()}
-
-
-def _reference(seed: int, kind: str, dtype_name: str, world_size: int, per_rank: int, steps: int, lr: float):
-    """One process on the whole batch: the gradients of each step (SGD with ``lr`` between steps)."""
-    import torch
-    import torch.nn.functional as F
-
-    model = _model(seed, kind, dtype_name)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    out = []
-    for step in range(steps):
-        x, y = _batch(seed + 100 * step, world_size * per_rank, dtype_name)
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        out.append(_grads(model))
-        opt.step()
-    return out
-
-
-# -- what runs on the ranks ----------------------------------------------------------------
-
-
-def _broadcast_worker(rank: int, world_size: int, cls: Callable, seed: int) -> dict[str, Any]:
-    """Each rank builds the model from its own seed; returns its state before and after wrapping."""
-    model = _model(seed + rank)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    wrapped = cls(model, bucket_size_mb=1.0)
-    after = {k: v.clone() for k, v in model.state_dict().items()}
-    inner = getattr(wrapped, "module", model)
-    return {"before": before, "after": after, "same_module": inner is model}
-
-
-def _step_worker(rank: int, world_size: int, cls: Callable, seed: int, kind: str, dtype_name: str,
-                 per_rank: int, steps: int, bucket_size_mb: float, late_rank: int | None) -> dict[str, Any]:
-    """``steps`` training steps through the learner's wrapper, recording what each step sent.
-
-    Returns, per step: the gradients after ``finish_gradient_synchronization``, the
-    collectives issued during backward and finish (op and bytes), and how many of them
-    had started when backward produced the gradient of the model's first layer (the last
-    one it computes). With ``late_rank``, that rank starts each backward ``LATE`` s late.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from helpers._runtime.instrument import current
-
-    inst = current()
-    lr = 0.1
-    model = _model(seed, kind, dtype_name)
-    wrapped = cls(model, bucket_size_mb=bucket_size_mb)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    first_layer = [p for p in model.layers[0].parameters() if p.requires_grad]
-    marks: list[float] = []
-
-    def last_gradient(grad):
-        if not marks:
-            marks.append(time.perf_counter())
-        return grad
-
-    for p in first_layer:
-        p.register_hook(last_gradient)  # runs before any post-accumulate hook of these parameters
-    steps_out = []
-    tracing = inst.tracing if inst is not None else False
-    if inst is not None:
-        inst.tracing = True  # record this rank's calls as events, read back below
-    for step in range(steps):
-        x, y = _batch(seed + 100 * step, world_size * per_rank, dtype_name)
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        opt.zero_grad()
-        loss = F.cross_entropy(wrapped(x[mine]), y[mine])
-        if rank == late_rank:
-            time.sleep(LATE)
-        if inst is not None:
-            inst.take_events()
-        marks.clear()
-        loss.backward()
-        backward_end = time.perf_counter()
-        wrapped.finish_gradient_synchronization()
-        events = inst.take_events() if inst is not None else []
-        ready = marks[0] if marks else backward_end
-        steps_out.append({
-            "grads": _grads(model),
-            "calls": [(e.op, e.nbytes) for e in events],
-            "before_last_gradient": sum(1 for e in events if e.start < ready),
-            "first_call_after_ms": (None if not events else (events[0].start - ready) * 1e3),
-        })
-        opt.step()
-    if inst is not None:
-        inst.tracing = tracing
-    reference = _reference(seed, kind, dtype_name, world_size, per_rank, steps, lr) if rank == 0 else None
-    return {"steps": steps_out, "reference": reference}
-
-
-# -- judging -------------------------------------------------------------------------------
+def _options(attempt: Attempt, bucket_size_mb: float = 100 / MB) -> dict[str, Any]:
+    """What the learner's class is built with besides the model: 6.2's MiniDDP takes a bucket size."""
+    return {"bucket_size_mb": bucket_size_mb} if attempt.exercise.function == "MiniDDP" else {}
 
 
 def _broadcast(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
+    name = attempt.exercise.function
     for world in worlds:
         seed = fresh_seed()
-        replies = list(attempt.run(_broadcast_worker, world, (attempt.fn, seed), timeout=TIMEOUT,
-                                   context="each rank's model built from a different seed"))
+        replies = list(attempt.run(wrapper_broadcast_worker, world, (attempt.fn, seed, _options(attempt, 1.0)),
+                                   timeout=TIMEOUT, context="each rank's model built from a different seed"))
         rank0 = replies[0]["before"]
         for rank, reply in enumerate(replies):
             if not reply["same_module"]:
-                attempt.fail(f"on {plural(world, 'rank')}: MiniDDP's .module is not the model it was given; keep "
+                attempt.fail(f"on {plural(world, 'rank')}: {name}'s .module is not the model it was given; keep "
                              "the model itself (self.module = module) so its weights are the ones trained.")
-            for name, want in rank0.items():
-                got = reply["after"][name]
+            for key, want in rank0.items():
+                got = reply["after"][key]
                 if not got.equal(want):
-                    kind = "buffer" if name.endswith("scale") else "parameter"
-                    still_own = got.equal(reply["before"][name])
+                    kind = "buffer" if key.endswith("scale") else "parameter"
+                    still_own = got.equal(reply["before"][key])
                     why = ("it kept its own value: broadcast every parameter and buffer from rank 0 at construction"
                            if still_own else "it holds neither rank 0's value nor its own")
                     attempt.fail(f"on {plural(world, 'rank')}, each rank's model built from a different seed: after "
-                                 f"MiniDDP(model), rank {rank}'s {kind} {name} differs from rank 0's; {why}.")
+                                 f"{name}(model), rank {rank}'s {kind} {key} differs from rank 0's; {why}.")
 
 
 def _run_steps(attempt: Attempt, world: int, *, kind: str = "plain", dtype_name: str = "float32",
                per_rank: int = 3, steps: int = 2, bucket_size_mb: float = 100 / MB,
                late_rank: int | None = None, context: str = "") -> list[dict]:
-    seed = fresh_seed()
+    seed, options = fresh_seed(), _options(attempt, bucket_size_mb)
     return list(attempt.run(
-        _step_worker, world, (attempt.fn, seed, kind, dtype_name, per_rank, steps, bucket_size_mb, late_rank),
+        wrapper_step_worker, world, (attempt.fn, seed, kind, dtype_name, per_rank, steps, options, late_rank),
         timeout=TIMEOUT + (steps * LATE if late_rank is not None else 0), context=context,
     ))
+
+
+def _unwaited(row: dict, rank: int, step: int) -> str:
+    """The fix, when the rank read all-reduces it never waited for: the values then look half-finished."""
+    if not row["unwaited"]:
+        return ""
+    started = sum(1 for op, _, asynchronous in row["calls"] if asynchronous)
+    return (f" The values look like a half-finished exchange: in step {step + 1} rank {rank} never called wait() on "
+            f"{row['unwaited']} of its {plural(started, 'asynchronous all-reduce')}, so it used a tensor that "
+            "the all-reduce had not finished writing. Call work.wait() on each before dividing or copying its "
+            "result.")
 
 
 def _judge_gradients(attempt: Attempt, world: int, replies: list[dict], where: str, hint: str = "") -> None:
@@ -264,10 +140,10 @@ def _judge_gradients(attempt: Attempt, world: int, replies: list[dict], where: s
     reference = replies[0]["reference"]
     for step, want_grads in enumerate(reference):
         for rank, reply in enumerate(replies):
-            got_grads = reply["steps"][step]["grads"]
+            row = reply["steps"][step]
             for name, want in want_grads.items():
-                got = got_grads[name]
-                if want is None or (got is None and name.startswith("spare")):
+                got = row["grads"][name]
+                if want is None:
                     continue
                 if got is None:
                     attempt.fail(f"{where}, step {step + 1}, rank {rank}: {name}.grad is None after "
@@ -275,12 +151,16 @@ def _judge_gradients(attempt: Attempt, world: int, replies: list[dict], where: s
                 tol = 1e-5 if want.dtype == torch.float32 else 1e-10
                 if not torch.allclose(got, want, rtol=tol, atol=tol):
                     ratio = (got.double().norm() / want.double().norm()).item() if want.norm() > 0 else float("nan")
-                    extra = hint
+                    extra = _unwaited(row, rank, step) or hint
                     if world > 1 and abs(ratio - world) < 1e-3:
-                        extra = f" It is {world} times too large: divide the summed bucket by the world size."
+                        extra = f" It is {world} times too large: divide the summed gradients by the world size."
                     attempt.fail(f"{where}, step {step + 1}, rank {rank}: {name}.grad differs from one process on "
                                  f"the whole batch.\n  expected {want.reshape(-1)[:4].tolist()}\n"
                                  f"  actual   {got.reshape(-1)[:4].tolist()}" + extra)
+
+
+LATE_HINT = (" The other ranks read the result before the all-reduce had finished: wait for each all-reduce's "
+             "work (work.wait()) before dividing and copying the result back.")
 
 
 def _gradients(attempt: Attempt, cases: tuple = ((1, "float32"), (2, "float32"), (3, "float64"), (4, "float32"))) -> None:
@@ -291,27 +171,108 @@ def _gradients(attempt: Attempt, cases: tuple = ((1, "float32"), (2, "float32"),
 
 def _waits(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
     for world in worlds:
-        replies = _run_steps(attempt, world, late_rank=world - 1,
-                             context=f"rank {world - 1} starting each backward {LATE} s late")
-        _judge_gradients(
-            attempt, world, replies, f"on {plural(world, 'rank')}, rank {world - 1} starting each backward {LATE} s late",
-            hint=" The other ranks read their buckets before the all-reduce had finished: wait for each "
-                 "all-reduce's work (work.wait()) before dividing and copying the result back.",
-        )
+        late = f"rank {world - 1} starting each backward {LATE} s late"
+        replies = _run_steps(attempt, world, late_rank=world - 1, context=late)
+        _judge_gradients(attempt, world, replies, f"on {plural(world, 'rank')}, {late}", hint=LATE_HINT)
+
+
+def _overlap_failure(attempt: Attempt, world: int, rank: int, step: int, row: dict, what: str, start: str) -> None:
+    if row["before_last_gradient"] == 0:
+        when = ("no all-reduce at all" if row["first_call_after_ms"] is None else
+                f"the first all-reduce only {row['first_call_after_ms']:.1f} ms after it")
+        attempt.fail(f"on {plural(world, 'rank')}, {what}, step {step + 1}, rank {rank}: backward produced the first "
+                     f"layer's gradient (its last one) with no all-reduce started yet ({when}). {start}, so "
+                     "communication overlaps the rest of backward.")
+
+
+def _overlap(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
+    for world in worlds:
+        replies = _run_steps(attempt, world, bucket_size_mb=100 / MB, steps=2, context="four layers, one bucket per layer")
+        for rank, reply in enumerate(replies):
+            for step, row in enumerate(reply["steps"]):
+                _overlap_failure(attempt, world, rank, step, row, "four layers with one bucket each",
+                                 "Start a bucket's all-reduce from the gradient hook as soon as the bucket is full")
+
+
+# -- Exercise 6.1: one all-reduce per parameter -----------------------------------------------
+
+
+def _gradients_6_1(attempt: Attempt, cases: tuple = ((1, "float32"), (2, "float32"), (3, "float64"),
+                                                        (4, "float32"))) -> None:
+    _gradients(attempt, cases)
+    _waits(attempt, tuple(world for world, _ in cases if world in (2, 3)))
+
+
+def _per_parameter(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
+    sizes = layer_sizes()
+    for world in worlds:
+        replies = _run_steps(attempt, world, context="four layers, eight parameters")
+        for rank, reply in enumerate(replies):
+            for step, row in enumerate(reply["steps"]):
+                where = f"on {plural(world, 'rank')}, four layers (eight parameters), step {step + 1}, rank {rank}"
+                others = sorted({op for op, _, _ in row["calls"] if op != "all_reduce"})
+                got = [nbytes for op, nbytes, _ in row["calls"] if op == "all_reduce"]
+                if others:
+                    attempt.fail(f"{where}: it called {', '.join(others)}; start one dist.all_reduce(param.grad, "
+                                 "async_op=True) per parameter and nothing else.")
+                if sorted(got) != sorted(sizes):
+                    attempt.fail(f"{where}: it made {plural(len(got), 'all-reduce')} of {got} bytes; one per parameter "
+                                 f"is {len(sizes)} of {sizes} bytes (each gradient, in model.parameters() order). "
+                                 "Start the all-reduce of param.grad in each parameter's hook.")
+                if not all(asynchronous for op, _, asynchronous in row["calls"]) or row["waited_in_backward"]:
+                    how = ("ran synchronously" if row["waited_in_backward"] == 0 else
+                           f"{'was' if row['waited_in_backward'] == 1 else 'were'} waited for during backward")
+                    attempt.fail(f"{where}: {plural(row['waited_in_backward'] or 1, 'all-reduce')} {how}, so "
+                                 "backward stopped until it was done. Call dist.all_reduce(param.grad, "
+                                 "async_op=True) in the hook, keep the work object, and wait for it only in "
+                                 "finish_gradient_synchronization().")
+                _overlap_failure(attempt, world, rank, step, row, "four layers (eight parameters)",
+                                 "Start each parameter's all-reduce from its gradient hook")
+
+
+def _self_check_6_1(attempt: Attempt) -> str:
+    _broadcast(attempt, (2,))
+    _gradients_6_1(attempt, ((2, "float32"),))
+    _per_parameter(attempt, (2,))
+    return ("Self-check passed on 2 ranks: the wrapper broadcasts rank 0's weights and buffers, the gradients "
+            "equal one process on the whole batch (also when one rank is late), and each parameter's all-reduce "
+            "starts from its hook, asynchronously, while backward goes on. The hidden tests also try 1, 3 and 4 "
+            "ranks and float64.")
+
+
+exercise_6_1 = Exercise(
+    number="6.1",
+    function="PerParameterDDP",
+    title="one all-reduce per parameter, started from its hook",
+    parts=(
+        Part("broadcast", 1, "every parameter and buffer equals rank 0's after construction.", _broadcast),
+        Part("gradients", 2, "two SGD steps' gradients equal one process on the whole batch, on 1 to 4 ranks, also "
+             "with one rank late.", _gradients_6_1),
+        Part("per_parameter", 2, "one all-reduce per parameter and step, started from its hook and left running "
+             "while backward goes on.", _per_parameter),
+    ),
+    visible_check=_self_check_6_1,
+    forbid=(DDP,),
+    forbid_reason="Exercise 6.1 builds DistributedDataParallel's machinery yourself: hooks and asynchronous "
+                  "all-reduces. The real DistributedDataParallel comes after MiniDDP.",
+)
+
+
+# -- Exercise 6.2: MiniDDP, buckets ------------------------------------------------------------
 
 
 def _buckets(attempt: Attempt, cases: tuple = ((2, 1e-6), (2, 100 / MB), (3, 300 / MB), (2, 700 / MB), (2, 100.0))) -> None:
+    """Judged on what its heading says: how many all-reduces a step makes, and of what sizes."""
     sizes = layer_sizes()
     for world, mb in cases:
         layout = bucket_layout(sizes, mb)
         replies = _run_steps(attempt, world, bucket_size_mb=mb, steps=1,
                              context=f"bucket_size_mb={mb:.3g} ({mb * MB:.0f} bytes)")
-        _judge_gradients(attempt, world, replies, f"on {plural(world, 'rank')}, bucket_size_mb={mb:.3g}")
         want = [sum(sizes[i] for i in bucket) for bucket in layout]
         for rank, reply in enumerate(replies):
             calls = reply["steps"][0]["calls"]
-            others = sorted({op for op, _ in calls if op != "all_reduce"})
-            got = [nbytes for op, nbytes in calls if op == "all_reduce"]
+            others = sorted({op for op, _, _ in calls if op != "all_reduce"})
+            got = [nbytes for op, nbytes, _ in calls if op == "all_reduce"]
             if others:
                 attempt.fail(f"on {plural(world, 'rank')}, rank {rank} called {', '.join(others)} during the step; "
                              "reduce each bucket with one dist.all_reduce(..., async_op=True) and nothing else.")
@@ -323,23 +284,6 @@ def _buckets(attempt: Attempt, cases: tuple = ((2, 1e-6), (2, 100 / MB), (3, 300
                     "Walk the parameters in reverse order and close a bucket as soon as it holds at least "
                     "bucket_size_mb MB (1 MB = 2**20 bytes); each bucket is one all-reduce."
                 )
-
-
-def _overlap(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
-    for world in worlds:
-        replies = _run_steps(attempt, world, bucket_size_mb=100 / MB, steps=2,
-                             context="four layers, one bucket per layer")
-        for rank, reply in enumerate(replies):
-            for step, row in enumerate(reply["steps"]):
-                if row["before_last_gradient"] == 0:
-                    when = ("no all-reduce at all" if row["first_call_after_ms"] is None else
-                            f"the first all-reduce only {row['first_call_after_ms']:.1f} ms after it")
-                    attempt.fail(
-                        f"on {plural(world, 'rank')}, four layers with one bucket each, step {step + 1}, rank "
-                        f"{rank}: backward produced the first layer's gradient (its last one) with no all-reduce "
-                        f"started yet ({when}). Start a bucket's all-reduce from the gradient hook as soon as "
-                        "the bucket is full, so communication overlaps the rest of backward."
-                    )
 
 
 def _unused(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
@@ -354,12 +298,16 @@ def _unused(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
                 attempt.fail(f"{where}, rank {rank}: the frozen parameter layers.0.bias got a gradient; leave "
                              "parameters with requires_grad=False out of the buckets.")
             for name in ("spare.weight", "spare.bias"):
-                if grads[name] is not None and grads[name].abs().max() > 0:
+                if grads[name] is None:
+                    attempt.fail(f"{where}, rank {rank}: {name}, which no rank used, still has .grad None after "
+                                 "finish_gradient_synchronization(). A gradient that never came counts as zero, so "
+                                 "it ends with the mean of zeros: a zero gradient (torch.zeros_like(p)).")
+                if grads[name].abs().max() > 0:
                     attempt.fail(f"{where}, rank {rank}: {name}, which no rank used, ended with a non-zero "
                                  "gradient; a gradient that never came counts as zero.")
 
 
-def _self_check(attempt: Attempt) -> str:
+def _self_check_6_2(attempt: Attempt) -> str:
     _broadcast(attempt, (2,))
     _gradients(attempt, ((2, "float32"),))
     _waits(attempt, (2,))
@@ -368,12 +316,13 @@ def _self_check(attempt: Attempt) -> str:
     _unused(attempt, (2,))
     return ("Self-check passed on 2 ranks: the wrapper broadcasts rank 0's weights and buffers, the gradients "
             "equal one process on the whole batch (also when one rank is late), one bucket per layer makes one "
-            "all-reduce per layer and the first starts before backward ends, and an unused head does not hang. "
-            "The hidden tests also try 1, 3 and 4 ranks, float64 and other bucket sizes.")
+            "all-reduce per layer and the first starts before backward ends, and a frozen bias keeps no gradient "
+            "while a head no rank uses gets a zero one, without a hang. The hidden tests also try 1, 3 and 4 "
+            "ranks, float64 and other bucket sizes.")
 
 
-exercise_6_1 = Exercise(
-    number="6.1",
+exercise_6_2 = Exercise(
+    number="6.2",
     function="MiniDDP",
     title="MiniDDP, gradients reduced in buckets during backward",
     parts=(
@@ -383,12 +332,13 @@ exercise_6_1 = Exercise(
         Part("waits", 1, "still right when one rank is late: every all-reduce is waited for.", _waits),
         Part("buckets", 2, "one all-reduce per bucket, with the bucket sizes the rule gives.", _buckets),
         Part("overlap", 1, "the first all-reduce starts before backward computes its last gradient.", _overlap),
-        Part("unused", 1, "a frozen parameter and a head no rank uses: no hang, right gradients.", _unused),
+        Part("unused", 1, "a frozen parameter keeps no gradient, a head no rank uses gets a zero one, and nothing "
+             "hangs.", _unused),
     ),
-    visible_check=_self_check,
+    visible_check=_self_check_6_2,
     forbid=(DDP,),
-    forbid_reason="Exercise 6.1 builds DistributedDataParallel's machinery yourself: buckets, hooks and "
+    forbid_reason="Exercise 6.2 builds DistributedDataParallel's machinery yourself: buckets, hooks and "
                   "asynchronous all-reduces. The real DistributedDataParallel comes right after it.",
 )
 
-EXERCISES = (exercise_6_1,)
+EXERCISES = (exercise_6_1, exercise_6_2)

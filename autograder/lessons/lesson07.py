@@ -6,7 +6,8 @@ set up the process group from the environment, shard the course's dataset with
 ``DistributedDataParallel`` with SGD, and then, on global rank 0 only, print ``final loss
 {value:.6f}`` (the trained model's loss on the whole dataset) and save
 ``{"model": model.module.state_dict()}`` to ``CHECKPOINT``; every process waits for the
-save at a barrier and destroys its process group before it returns.
+save at a barrier (checked: a barrier of each process returns after the save) and destroys its
+process group before it returns.
 
 How the checks judge: :meth:`~autograder.lessons.kit.Attempt.torchrun` runs the learner's
 ``main`` as a script under real ``torchrun`` agents (:mod:`autograder.lessons.torchrun`),
@@ -22,7 +23,7 @@ Hidden test cells and the visible self-check::
 
     from autograder import exercise
     exercise("7.1").grade(main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
-    exercise("7.1").self_check(main)      # one agent of two processes
+    exercise("7.1").self_check(main)      # two agents of one process each
 """
 
 from __future__ import annotations
@@ -160,6 +161,14 @@ def _rank_zero_only(attempt: Attempt, run: ScriptRun | None = None) -> None:
 
 def _clean_exit(attempt: Attempt, run: ScriptRun | None = None) -> None:
     run = run or _job(attempt, 2, 2)
+    written = max(run.saved.get("0", []), default=None)  # when rank 0's checkpoint was on disk
+    if written is not None:
+        left = [rank for rank in map(str, range(run.world_size)) if not any(t >= written for t in run.barriers.get(rank, []))]
+        if left:
+            attempt.fail(f"under {run.where}, {'rank' if len(left) == 1 else 'ranks'} {', '.join(left)} did not wait at "
+                         "a dist.barrier() for rank 0's checkpoint: no barrier of theirs returned after rank 0's "
+                         "torch.save did. A process that goes on (to exit, or to read the checkpoint) must not pass "
+                         "that point before the file exists: call dist.barrier() on every rank after the save.")
     alive = sorted(rank for rank, still in run.exits.items() if still)
     if alive:
         attempt.fail(f"under {run.where}, ranks {alive} still had their process group when they exited: call "
@@ -175,13 +184,15 @@ def _any_topology(attempt: Attempt) -> None:
 
 
 def _self_check(attempt: Attempt) -> str:
-    run = _job(attempt, 1, 2)
+    # Two simulated hosts of one process each: LOCAL_RANK is 0 on both, so a LOCAL_RANK used as the global rank shows.
+    run = _job(attempt, 2, 1)
     _judge_result(attempt, run)
     _rank_zero_only(attempt, run)
     _clean_exit(attempt, run)
-    return ("Self-check passed: under torchrun with one agent of 2 processes your main() trained to the weights and "
-            "loss of one process on the same batches, rank 0 alone printed and saved, and every process destroyed "
-            "its group. The hidden tests run two agents of two processes (two simulated hosts) and one of three.")
+    return ("Self-check passed: under torchrun with two agents (two simulated hosts) of one process each, your main() "
+            "trained to the weights and loss of one process on the same batches, rank 0 alone printed and saved, "
+            "every process waited at a barrier for the checkpoint, and every process destroyed its group. The hidden "
+            "tests run two agents of two processes and one agent of three.")
 
 
 exercise_7_1 = Exercise(
@@ -193,7 +204,8 @@ exercise_7_1 = Exercise(
         Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches.",
              _same_result),
         Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss.", _rank_zero_only),
-        Part("clean_exit", 1, "every process destroys its process group before exiting.", _clean_exit),
+        Part("clean_exit", 1, "every process waits at a barrier for rank 0's checkpoint, then destroys its process "
+             "group before exiting.", _clean_exit),
         Part("any_topology", 2, "one agent of three processes: right result, one writer.", _any_topology),
     ),
     visible_check=_self_check,

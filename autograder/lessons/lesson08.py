@@ -199,6 +199,16 @@ exercise_8_1 = Exercise(
         Part("crash", 2, "gather_all returns every rank's tensor, in rank order, on 2, 3 and 4 ranks.", _crash),
     ),
     visible_check=_self_check,
+    hints={
+        "DeadlockError": "Every rank sits in a blocking call that waits for its neighbour, in a cycle: when "
+                         "every rank sends first (or receives first), none ever reaches the call that would "
+                         "match its neighbour's. Start the send with dist.isend, then recv, then wait() on the "
+                         "send's request; or let even ranks send first and odd ranks receive first.",
+        "SIGABRT": "gloo's all_gather needs every rank's tensor to have the same number of elements; when the "
+                   "sizes differ it can abort the process (SIGABRT) instead of raising. The ranks must agree "
+                   "on one size first: all_gather every rank's length, pad every tensor to the longest of "
+                   "them (not each to its own length), gather, then trim each piece back to its length.",
+    },
 )
 
 EXERCISES = (exercise_8_1,)

@@ -5,7 +5,10 @@
 - :func:`first_difference` (a :class:`Difference`): how a tensor differs from the expected one;
 - :func:`by_world_size`: cases grouped so that each world size is one launch;
 - :func:`silent_ranks`: ranks that sent or received no point-to-point message (from a trace);
-- :func:`plural`: ``"1 rank"``, ``"3 ranks"``.
+- :func:`plural`: ``"1 rank"``, ``"3 ranks"``;
+- :func:`recorded`: the learner's code run on a rank with its ``torch.distributed`` calls recorded;
+- :func:`read_before_wait`: whether those calls left data that was still arriving (an ``irecv`` or an
+  asynchronous collective) for the learner to read.
 
 They ship to learners with the kit (the self-checks use them).
 """
@@ -17,7 +20,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 from helpers import LaunchResult
 
-__all__ = ["call_learner", "plural", "seeded_tensor", "Difference", "first_difference", "by_world_size", "silent_ranks"]
+__all__ = ["call_learner", "plural", "seeded_tensor", "Difference", "first_difference", "by_world_size", "silent_ranks",
+           "recorded", "read_before_wait", "HALF_FINISHED"]
+
+#: What a check adds when wrong values come with an answer that used data still arriving.
+HALF_FINISHED = ("The values look like a half-finished exchange: a buffer filled by dist.irecv, or by a collective "
+                 "called with async_op=True, holds its data only once wait() on the request it returned has "
+                 "returned. Call wait() before you read, add, copy or divide that buffer.")
 
 
 def call_learner(rank: int, world_size: int, fn: Callable) -> Any:
@@ -61,6 +70,7 @@ class Difference:
 
     what: str
     excerpt: str = ""
+    index: int | None = None  # the flat index of the first wrong element, when an element is wrong
 
     def __str__(self) -> str:
         return self.what + self.excerpt
@@ -95,6 +105,7 @@ def first_difference(actual, expected, *, tolerance: float | None = None) -> Dif
     return Difference(
         f"first wrong element at flat index {i}",
         f"\n  expected {e[max(0, i - 2): i + 6].tolist()}\n  actual   {a[max(0, i - 2): i + 6].tolist()}",
+        i,
     )
 
 
@@ -131,3 +142,41 @@ def silent_ranks(
             found.append((rank, word))
     return found
 
+
+def recorded(call: Callable[[], Any]) -> tuple[Any, list]:
+    """Run ``call()`` on a rank with its ``torch.distributed`` calls recorded: ``(its result, the calls)``.
+
+    The calls are the rank's trace events (:class:`helpers._runtime.protocol.TraceEvent`): op,
+    peer, bytes, whether asynchronous, and when its ``wait()`` returned. A run traced as a whole
+    keeps them in its trace too; otherwise they are recorded for this look only. Outside a rank
+    (no instrument) nothing is recorded.
+
+    >>> recorded(lambda: 42)
+    (42, [])
+    """
+    from helpers._runtime.instrument import current
+
+    inst = current()
+    if inst is None:
+        return call(), []
+    was, mark = inst.tracing, len(inst.events)
+    inst.tracing = True
+    try:
+        result = call()
+        made = inst.events[mark:]
+    finally:
+        inst.tracing = was
+        if not was:
+            del inst.events[mark:]
+    return result, made
+
+
+def read_before_wait(calls: list) -> bool:
+    """Whether ``calls`` (from :func:`recorded`) received data asynchronously: an ``irecv``, or a
+    collective with ``async_op=True``. Wrong values from such code often mean a buffer read before
+    its ``wait()``; checks then add :data:`HALF_FINISHED` to their feedback.
+
+    >>> read_before_wait([])
+    False
+    """
+    return any(e.op == "irecv" or (e.async_op and not e.is_send) for e in calls)

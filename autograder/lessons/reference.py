@@ -19,15 +19,15 @@ from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
-           "hierarchical_all_reduce", "average_gradients", "train", "MiniDDP", "bucket_layout", "ShardedOptimizer",
-           "TensorParallelMLP", "gpipe_step", "one_f_one_b_step"]
+           "hierarchical_all_reduce", "average_gradients", "train", "PerParameterDDP", "MiniDDP", "bucket_layout",
+           "ShardedOptimizer", "TensorParallelMLP", "gpipe_step", "one_f_one_b_step"]
 
 
 def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:
     """Exercise 4.1: ``(chunk sent right, chunk received from the left)`` at ``step`` of ``phase``.
 
     The ring's schedule in which rank r ends the reduce-scatter owning chunk r, as
-    ``dist.reduce_scatter_tensor`` leaves it, and starts the all-gather by sending it.
+    ``dist.reduce_scatter`` leaves item r on rank r, and starts the all-gather by sending it.
     In both phases a rank receives the chunk just below the one it sends, and at the next
     step sends what it has just received.
 
@@ -48,8 +48,7 @@ def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int,
 def _ring_pass(flat: torch.Tensor, phase: str, add: bool) -> None:
     """The p-1 steps of one phase on the flat view ``flat``: send right, receive from the left.
 
-    Even ranks send then receive, odd ranks receive then send, so the blocking calls always
-    pair up (with an odd world size the chain unwinds from the odd ranks).
+    Each step posts its send with ``isend`` before it receives, so the calls always pair up.
     """
     rank, p = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % p, (rank - 1) % p
@@ -60,12 +59,9 @@ def _ring_pass(flat: torch.Tensor, phase: str, add: bool) -> None:
         s0, s1 = bounds[send_chunk]
         r0, r1 = bounds[recv_chunk]
         incoming = buffer[: r1 - r0]
-        if rank % 2 == 0:
-            dist.send(flat[s0:s1], right)
-            dist.recv(incoming, left)
-        else:
-            dist.recv(incoming, left)
-            dist.send(flat[s0:s1], right)
+        request = dist.isend(flat[s0:s1], right)  # the send is posted, so every rank reaches its recv
+        dist.recv(incoming, left)
+        request.wait()
         if add:
             flat[r0:r1] += incoming
         else:
@@ -73,20 +69,13 @@ def _ring_pass(flat: torch.Tensor, phase: str, add: bool) -> None:
 
 
 def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
-    """Exercise 4.2: chunk ``rank`` of ``tensor`` (flattened) becomes its sum over all ranks, in place.
-
-    p-1 messages of at most ceil(n/p) elements per rank, to the right neighbour. The other
-    chunks are left holding partial sums.
-    """
+    """Exercise 4.2: chunk ``rank`` of ``tensor`` (flattened) becomes its sum over all ranks, in place (p-1 messages)."""
     _ring_pass(tensor.view(-1), "reduce-scatter", add=True)
     return tensor
 
 
 def ring_all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    """Exercise 4.3: every rank's chunk ``rank`` is copied into chunk ``rank`` on every rank, in place.
-
-    p-1 messages of at most ceil(n/p) elements per rank, to the right neighbour.
-    """
+    """Exercise 4.3: every rank's chunk ``rank`` is copied into chunk ``rank`` on every rank, in place (p-1 messages)."""
     _ring_pass(tensor.view(-1), "all-gather", add=False)
     return tensor
 
@@ -167,22 +156,54 @@ def train(rank: int, world_size: int, dataset, model: torch.nn.Module, epochs: i
     return losses
 
 
+def _broadcast_state(module: torch.nn.Module) -> None:
+    """Every parameter and buffer takes rank 0's value (6.1 and 6.2 start this way)."""
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor, src=0)
+
+
+class PerParameterDDP(torch.nn.Module):
+    """Exercise 6.1: each gradient's asynchronous all-reduce starts from its parameter's hook."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        _broadcast_state(module)
+        self._works: list[tuple[torch.Tensor, object]] = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _gradient_ready(self, param: torch.Tensor) -> None:
+        self._works.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for every all-reduce of this step; each ``.grad`` becomes the mean over the ranks."""
+        for param, work in self._works:
+            work.wait()
+            param.grad /= dist.get_world_size()
+        self._works = []
+
+
 class MiniDDP(torch.nn.Module):
-    """Exercise 6.1: data parallelism that reduces gradients in buckets while backward runs.
+    """Exercise 6.2: data parallelism that reduces gradients in buckets while backward runs.
 
     At construction every parameter and buffer takes rank 0's value. During backward, a
     hook on each parameter notes its gradient as ready; when every gradient of a bucket is
     ready, the bucket's all-reduce starts, asynchronously. ``finish_gradient_synchronization``
     starts any bucket still waiting (its missing gradients count as zero), waits for every
-    all-reduce and writes each parameter's mean gradient back to ``.grad``.
+    all-reduce and writes each parameter's mean gradient back to ``.grad`` (a zero tensor for
+    a parameter no rank used).
     """
 
     def __init__(self, module: torch.nn.Module, bucket_size_mb: float = 25.0) -> None:
         super().__init__()
         self.module = module
-        with torch.no_grad():
-            for tensor in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(tensor, src=0)
+        _broadcast_state(module)
         params = [p for p in module.parameters() if p.requires_grad]
         layout = bucket_layout([p.numel() * p.element_size() for p in params], bucket_size_mb)
         self.buckets = [[params[i] for i in bucket] for bucket in layout]

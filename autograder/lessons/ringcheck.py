@@ -21,7 +21,7 @@ import operator
 from typing import Any, Callable
 
 from .kit import Attempt, fresh_seed
-from .pieces import first_difference, plural, seeded_tensor
+from .pieces import HALF_FINISHED, first_difference, plural, read_before_wait, recorded, seeded_tensor
 
 __all__ = ["chunk_bounds", "schedule_worker", "judge_schedule", "reduce_scatter_worker", "all_gather_worker",
            "all_reduce_worker", "judge_rows", "traced", "ring_traffic", "INTS", "PLACEHOLDER", "TIMEOUT_TRAFFIC",
@@ -108,7 +108,7 @@ def judge_schedule(attempt: Attempt, phase: str, p: int, rows: list) -> None:
         if phase == "reduce-scatter" and have[r][r] != everyone:
             done = [c for c in range(p) if have[r][c] == everyone]
             hint = (f" Its chunk {done[0]} is complete instead: shift the schedule so that rank r ends owning chunk r, "
-                    "as dist.reduce_scatter_tensor leaves it." if done else
+                    "as dist.reduce_scatter leaves item r on rank r." if done else
                     " At each step a rank should send the chunk it has just added into, so the partial sums keep "
                     "travelling.")
             attempt.fail(f"after the reduce-scatter on {p} ranks, rank {r}'s chunk {r} holds the sum of ranks "
@@ -133,33 +133,101 @@ def _tolerance(dtype_name: str) -> float:
     return 1e-4 if dtype_name == "float32" else 1e-9
 
 
+def _unchanged(returned: Any, expected, tolerance: float) -> str:
+    """Why a tensor that came back exactly as it went in is wrong, and what the returned value says."""
+    import torch
+
+    why = ("the tensor passed in was not changed: the caller's tensor must change in place (write into "
+           "tensor.view(-1) or slices of it; tensor.clone(), torch.cat(...) or `tensor = ...` make a new tensor "
+           "that the caller never sees)")
+    if isinstance(returned, torch.Tensor) and returned.numel() == expected.numel():
+        if first_difference(returned.detach().reshape(-1).to(expected.dtype), expected.reshape(-1),
+                            tolerance=tolerance) is None:
+            why += ". The tensor you returned holds the right values: it is a copy"
+    return why
+
+
+def _returned(returned: Any) -> str:
+    import torch
+
+    if returned is None:
+        return "None"
+    if isinstance(returned, torch.Tensor):
+        return "a different tensor"
+    return f"a {type(returned).__name__}"
+
+
+def _partial_sum(value: float, values: list[float], tolerance: float) -> list[int] | None:
+    """The ranks whose values add up to ``value``, when that is some of them but not all (else None)."""
+    p = len(values)
+    for mask in range(1, 2 ** p - 1):
+        total = sum(values[r] for r in range(p) if mask >> r & 1)
+        if abs(total - value) <= tolerance * max(1.0, abs(value)):
+            return [r for r in range(p) if mask >> r & 1]
+    return None
+
+
 def _run_cases(fn: Callable, cases: list, seed: int, prepare: Callable, judge: Callable) -> list[dict]:
     """Each case on this rank: ``prepare`` the input and what it must become, run ``fn`` in place, ``judge`` it.
 
-    Returns one row per case: ``{"shape", "dtype", "ok"}``, and ``why`` (and an ``excerpt`` of
-    values) when not ok. A tensor replaced, reshaped or recast instead of changed in place is
-    wrong whatever it holds.
+    Returns one row per case: ``{"shape", "dtype", "ok"}``, and ``why`` (with an ``excerpt`` of
+    values and a ``hint``) when not ok. A tensor replaced, reshaped or recast instead of changed
+    in place is wrong whatever it holds; one left as it came in is named as such; right values
+    with something else than the tensor returned are wrong too (the exercises say "return it");
+    wrong values from code that received data asynchronously get :data:`HALF_FINISHED`.
     """
     out = []
     for i, (shape, dtype_name) in enumerate(cases):
         tensor, expected = prepare(shape, dtype_name, seed + i)
-        before = tensor.data_ptr()
-        fn(tensor)
+        original, before, tolerance = tensor.clone(), tensor.data_ptr(), _tolerance(dtype_name)
+        returned, calls = recorded(lambda: fn(tensor))
         row: dict[str, Any] = {"shape": shape, "dtype": dtype_name, "ok": True}
         why = _in_place_problem(tensor, shape, before, expected.dtype)
-        found = (why, "") if why else judge(tensor.reshape(-1), expected.reshape(-1), _tolerance(dtype_name))
+        found = (why, "") if why else judge(tensor.reshape(-1), expected.reshape(-1), tolerance)
+        hint, unchanged = "", found and not why and tensor.equal(original) and not expected.equal(original)
+        if found and not why and read_before_wait(calls):
+            hint = HALF_FINISHED
+            if unchanged:
+                found = (found[0] + " (it came back exactly as it went in)", found[1])
+        elif unchanged:
+            found = (_unchanged(returned, expected, tolerance), found[1])
+        elif not found and returned is not tensor:
+            found = (f"the tensor holds the right values, but the function returned {_returned(returned)} "
+                     "instead of the tensor it was given: change the given tensor in place and end with "
+                     "`return tensor`", "")
         if found:
-            row.update(ok=False, why=found[0], excerpt=found[1])
+            row.update(ok=False, why=found[0], excerpt=found[1], hint=hint)
         out.append(row)
     return out
 
 
 def _summed(rank: int, world_size: int):
-    """This rank's seeded tensor, and the sum over every rank's: what an all-reduce leaves."""
+    """This rank's seeded tensor, and the sum over every rank's: what an all-reduce leaves.
+
+    Every rank's own values of the case are kept in :data:`_PARTS` while it is judged, so that a
+    wrong element can be read as a partial sum.
+    """
     def prepare(shape: tuple, dtype_name: str, seed: int):
-        mine = seeded_tensor(shape, dtype_name, seed, rank, int_range=INTS)
-        return mine, sum(seeded_tensor(shape, dtype_name, seed, r, int_range=INTS) for r in range(world_size))
+        parts = [seeded_tensor(shape, dtype_name, seed, r, int_range=INTS) for r in range(world_size)]
+        _PARTS[:] = [t.reshape(-1) for t in parts]
+        return parts[rank].clone(), sum(parts)
     return prepare
+
+
+#: The case being judged: every rank's own values, flattened (set by :func:`_summed`'s prepare).
+_PARTS: list = []
+
+
+def _which_ranks(flat, want, index: int | None, tolerance: float) -> str:
+    """``" (it holds the sum of ranks [0, 2] only: a partial sum)"`` when the wrong float element is a partial sum."""
+    parts = _PARTS
+    if index is None or not parts or not want.is_floating_point():
+        return ""
+    ranks = _partial_sum(float(flat[index]), [float(t[index]) for t in parts], tolerance)
+    if ranks is None:
+        return ""
+    held = f"rank {ranks[0]}'s value alone" if len(ranks) == 1 else f"the sum of ranks {ranks} only"
+    return f" (it holds {held}: a partial sum)"
 
 
 def reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
@@ -170,7 +238,9 @@ def reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list,
         diff = first_difference(flat[a:b], want[a:b], tolerance=tolerance)
         if diff is None:
             return None
-        why = f"its chunk {rank} (elements {a}:{b}) should hold that chunk's sum over all ranks; {diff.what}"
+        index = None if diff.index is None else a + diff.index
+        why = (f"its chunk {rank} (elements {a}:{b}) should hold that chunk's sum over all ranks; {diff.what}"
+               + _which_ranks(flat, want, index, tolerance))
         done = [c for c, (x, y) in enumerate(bounds)
                 if c != rank and y > x and first_difference(flat[x:y], want[x:y], tolerance=tolerance) is None]
         if done:
@@ -178,7 +248,10 @@ def reduce_scatter_worker(rank: int, world_size: int, fn: Callable, cases: list,
                     "chunk numbers from your ring_chunks of Exercise 4.1")
         return why, diff.excerpt
 
-    return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
+    try:
+        return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
+    finally:
+        _PARTS.clear()
 
 
 def all_gather_worker(rank: int, world_size: int, fn: Callable, cases: list, seed: int) -> list[dict]:
@@ -215,9 +288,12 @@ def all_reduce_worker(rank: int, world_size: int, fn: Callable, cases: list, see
     """4.4: every rank's tensor must end holding the sum over all ranks."""
     def judge(flat, want, tolerance: float):
         diff = first_difference(flat, want, tolerance=tolerance)
-        return (diff.what, diff.excerpt) if diff else None
+        return (diff.what + _which_ranks(flat, want, diff.index, tolerance), diff.excerpt) if diff else None
 
-    return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
+    try:
+        return _run_cases(fn, cases, seed, _summed(rank, world_size), judge)
+    finally:
+        _PARTS.clear()
 
 
 def judge_rows(attempt: Attempt, world: int, result: list) -> None:
@@ -232,6 +308,8 @@ def judge_rows(attempt: Attempt, world: int, result: list) -> None:
                 msg += "\n  (There are fewer elements than ranks here: some chunks are empty.)"
             elif n % world:
                 msg += f"\n  ({n} elements do not split evenly over {world} ranks.)"
+            if row.get("hint"):
+                msg += "\n  " + row["hint"]
             attempt.fail(msg)
 
 

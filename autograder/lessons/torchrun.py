@@ -13,7 +13,8 @@ is how a part's check asks for one; it fails the part with
 Every process runs the learner's script inside a small wrapper (``torchrun_programs.WRAPPER``) that writes,
 as JSON in the job's folder:
 
-- ``saves.jsonl``: every ``torch.save`` (rank and path);
+- ``saves.jsonl``: every ``torch.save`` (rank and path), and ``saved.jsonl`` when each returned;
+- ``barriers.jsonl``: when each ``dist.barrier`` (or ``monitored_barrier``) returned, on which rank;
 - ``exit-RANK.json``: whether the process group was still alive at exit, and its threads;
 - ``error-RANK.json``: how the script ended when it did not return: the exception's type,
   message and frames (file, line, function, source), none for ``sys.exit`` (its output says
@@ -120,6 +121,8 @@ class ScriptRun:
     timed_out: bool = False
     timeout: float = RUN_TIMEOUT
     saves: list[dict] = field(default_factory=list)
+    saved: dict[str, list[float]] = field(default_factory=dict)  # rank -> when each of its torch.save calls returned
+    barriers: dict[str, list[float]] = field(default_factory=dict)  # rank -> when each of its barriers returned
     exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
@@ -239,6 +242,12 @@ def _read_records(run: ScriptRun) -> None:
     saves = folder / "saves.jsonl"
     if saves.is_file():
         run.saves = [json.loads(line) for line in saves.read_text().splitlines() if line.strip()]
+    for name, times, key in (("saved.jsonl", run.saved, "ended"), ("barriers.jsonl", run.barriers, "returned")):
+        path = folder / name
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            if line.strip():
+                record = json.loads(line)
+                times.setdefault(record["rank"], []).append(record[key])
     for path in folder.glob("exit-*.json"):
         record = _json(path) or {}
         if "rank" in record:

@@ -1,8 +1,9 @@
 """The two small programs :mod:`autograder.lessons.torchrun` writes next to the learner's script.
 
 - :data:`WRAPPER` (``graded_run.py``) runs in every process torchrun starts and runs the
-  learner's ``train.py`` in it, recording what the checks read (saves, the state at exit,
-  how the script ended, a stack dump before the time limit) as JSON in the job's folder.
+  learner's ``train.py`` in it, recording what the checks read (saves and when they were
+  written, when each barrier returned, the state at exit, how the script ended, a stack
+  dump before the time limit) as JSON in the job's folder.
 - :data:`AGENT` (``graded_agent.py``) is torchrun itself (``torch.distributed.run.main``),
   which also keeps what it knows of each failed process.
 
@@ -29,7 +30,7 @@ __all__ = ["WRAPPER", "AGENT"]
 # drops those references while Python is whole: the threads end and the process exits cleanly.
 # The script runs under torch's own ``@record``, so its exception also reaches the agent's report.
 WRAPPER = """\
-import argparse, atexit, faulthandler, json, os, runpy, sys, traceback
+import argparse, atexit, faulthandler, json, os, runpy, sys, time, traceback
 LOG = os.environ["COURSE_GRADING_LOG"]
 RANK = os.environ.get("RANK", "?")
 _stacks = open(os.path.join(LOG, f"stack-{RANK}.txt"), "w")
@@ -48,8 +49,20 @@ _save = torch.save
 def _recorded_save(obj, f, *args, **kwargs):
     with open(os.path.join(LOG, "saves.jsonl"), "a") as out:
         out.write(json.dumps({"rank": RANK, "path": os.path.abspath(str(f)) if isinstance(f, (str, os.PathLike)) else repr(f)}) + "\\n")
-    return _save(obj, f, *args, **kwargs)
+    result = _save(obj, f, *args, **kwargs)
+    with open(os.path.join(LOG, "saved.jsonl"), "a") as out:  # when it was written: the barrier must come after
+        out.write(json.dumps({"rank": RANK, "ended": time.time()}) + "\\n")
+    return result
 torch.save = _recorded_save
+def _recorded(name):
+    call = getattr(dist, name)
+    def recorded(*args, **kwargs):
+        result = call(*args, **kwargs)
+        with open(os.path.join(LOG, "barriers.jsonl"), "a") as out:
+            out.write(json.dumps({"rank": RANK, "returned": time.time()}) + "\\n")
+        return result
+    return recorded
+dist.barrier, dist.monitored_barrier = _recorded("barrier"), _recorded("monitored_barrier")
 _options = []  # every command-line option the script declares
 _add_argument = argparse.ArgumentParser.add_argument
 def _recorded_add_argument(self, *names, **kwargs):

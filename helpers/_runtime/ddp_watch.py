@@ -28,7 +28,10 @@ def watch_ddp(inst: Any) -> None:
     ``dist.all_reduce``: each bucket becomes a traced all-reduce noted "DDP bucket i",
     and while buckets are in flight the board says the rank waits in an all_reduce,
     which is where a rank stuck at the end of backward is. A program's own Python hook
-    (fp16 compression, for example) calls the wrapped functions itself. The
+    (fp16 compression, for example) calls the wrapped functions itself. A model that a
+    ``Join(..., divide_by_initial_world_size=False)`` holds at its first forward pass gets no
+    hook: a hook divides by the group's size, and DDP's own reduction is what honours that
+    option (its buckets then do not show in the trace). The
     constructor, which broadcasts rank 0's weights from C++, is noted on the board as
     :data:`~helpers._runtime.calls.DDP_CONSTRUCTOR` while it runs.
     """
@@ -83,7 +86,10 @@ def watch_ddp(inst: Any) -> None:
     def traced_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(ddp, "_helpers_hook_set", False):
             ddp._helpers_hook_set = True
-            register(ddp, ddp.process_group, bucket_hook)
+            # A Join(divide_by_initial_world_size=False) asks DDP's own reduction to divide by the
+            # ranks not yet joined; any communication hook would divide by the group's size instead.
+            if getattr(ddp, "_divide_by_initial_world_size", True) is not False:
+                register(ddp, ddp.process_group, bucket_hook)
         return forward(ddp, *args, **kwargs)
 
     def own_hook(ddp: Any, state: Any, hook: Callable) -> Any:
