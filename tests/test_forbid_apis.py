@@ -149,7 +149,10 @@ def _use(rank, world_size, what):
 
     try:
         if what == "early":
-            globals()["early"](nn.Linear(2, 2))
+            from torch.distributed.device_mesh import init_device_mesh
+
+            # A CPU mesh named: left to itself, fully_shard builds its mesh on the GPUs when torch sees any.
+            globals()["early"](nn.Linear(2, 2), mesh=init_device_mesh("cpu", (world_size,)))
         elif what == "mesh":
             from torch.distributed.device_mesh import init_device_mesh
             init_device_mesh("cpu", (world_size,))

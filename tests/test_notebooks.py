@@ -52,6 +52,8 @@ EXPECTED_OUTPUTS = {
     # Lesson 06's prose reads these off its cells (torch 2.13): Join's divisor, the hooks' order under a forward pass
     # the data steers, where clipping belongs, SyncBatchNorm on a CPU, per-rank seeds, the first step's single bucket.
     "06-ddp": [
+        # On a GPU machine too (the model must sit on DataParallel's first GPU), not only on a CPU one.
+        ("dp = nn.DataParallel(model)", r"same output as calling the model itself: True"),
         ("def lone_last_step(", r"divide_by_initial_world_size=True: rank 0's gradient at its two steps: \[1\.0, 0\.5\]"),
         ("def lone_last_step(", r"divide_by_initial_world_size=False: rank 0's gradient at its two steps: \[1\.0, 1\.0\]"),
         ("def hook_order(", r"rank 0: hooks fired in the order \['b', 'a'\]\nrank 1: hooks fired in the order \['a', 'b'\]"),

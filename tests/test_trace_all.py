@@ -130,7 +130,7 @@ def _tensor_parallel(rank, world_size):
     gathered = inst.take_events()
 
     def rows(events):
-        return [(e.op, e.nbytes, e.via, e.reduce_op, e.group) for e in events]
+        return [(e.op, e.nbytes, e.via, e.reduce_op, None if e.group is None else tuple(e.group)) for e in events]
 
     return setup, rows(forward), rows(backward), counted, rows(gathered), total, x.grad.sum().item()
 
@@ -142,10 +142,13 @@ def test_dtensor_and_parallelize_module_collectives_are_in_the_trace():
     result = launch(_tensor_parallel, 2, trace=True, output="quiet", timeout=120)
     for setup, forward, backward, counted, gathered, total, _ in result:
         assert [op for op, _ in setup] == ["scatter", "scatter", "scatter", "broadcast"]  # the weights, distributed
-        assert forward == [("all_reduce", 4 * 8 * 4, "functional", "SUM", None)]
-        assert backward == [("all_reduce", 4 * 8 * 4, "functional", "SUM", None)]
+        # The mesh's group: the world itself (torch 2.13), or a group of every rank made for the mesh (torch 2.11).
+        groups = {row[4] for row in forward + backward + gathered}
+        assert groups <= {None, (0, 1)}, groups
+        assert [row[:4] for row in forward] == [("all_reduce", 4 * 8 * 4, "functional", "SUM")]
+        assert [row[:4] for row in backward] == [("all_reduce", 4 * 8 * 4, "functional", "SUM")]
         assert counted == 2  # CommDebugMode still sees them too, under the helpers' wrappers
-        assert gathered == [("all_gather_into_tensor", 2 * 4 * 4, "functional", None, None)]
+        assert [row[:4] for row in gathered] == [("all_gather_into_tensor", 2 * 4 * 4, "functional", None)]
         assert total == sum(range(16))
     assert result[0][6] == pytest.approx(result[1][6])
 
@@ -160,11 +163,14 @@ def _fsdp2(rank, world_size, reshard):
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch 2.4 and 2.5
         from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
     torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world_size,))  # named: by itself fully_shard takes the GPUs when there are any
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)])
     for block in model:
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     current().take_events()
     model(torch.randn(4, 8)).sum().backward()
     step = [e.op for e in current().take_events()]
@@ -218,9 +224,12 @@ def test_pipelining_runs_under_the_wrappers_with_and_without_trace(schedule):
     for (same_a, grads_a), (same_b, grads_b) in zip(plain, traced):
         assert same_a and same_b
         assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
-    totals = traced.trace.op_totals()
-    assert totals["isend"]["calls"] == totals["irecv"]["calls"] == 8  # 4 activations forward, 4 gradients back
-    assert totals["isend"]["bytes"] == 8 * 2 * 8 * 4
+    sends = [e.nbytes for e in traced.trace.events if e.op == "isend"]
+    receives = [e.nbytes for e in traced.trace.events if e.op == "irecv"]
+    # 4 activations forward, 4 gradients back, each a micro-batch of 2 x 8 float32; torch before 2.13 also
+    # sends the stage's output shapes once, as a small message of its own.
+    assert sends.count(2 * 8 * 4) == receives.count(2 * 8 * 4) == 8, (sends, receives)
+    assert len(sends) == len(receives) <= 10, (sends, receives)
     assert all(e.via is None for e in traced.trace.events)
 
 
