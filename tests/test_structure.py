@@ -262,3 +262,22 @@ def test_every_package_is_read(package: str):
     graph = import_graph()
     assert sum(1 for m in graph if m.split(".")[0] == package) > 5
     assert any(graph[m] for m in graph if m.split(".")[0] == package)
+
+
+#: The longest a module and a class may grow before they are split (issue 26's rule of thumb).
+MODULE_LINES, CLASS_LINES = 400, 250
+
+
+def test_no_module_or_class_is_longer_than_a_reader_can_hold():
+    """Is every module of helpers/, autograder/ and devtools/ at most 400 lines, and every class in them at most 250?"""
+    long_modules, long_classes = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_LINES:
+                long_classes.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long_modules, f"modules over {MODULE_LINES} lines (split them by what they do): {long_modules}"
+    assert not long_classes, f"classes over {CLASS_LINES} lines (move a responsibility out): {long_classes}"
+    assert len(_modules()) > 50  # the reader found the packages
