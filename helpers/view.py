@@ -65,6 +65,7 @@ class RankOutputView:
             self.tabs.set_title(i, title)
         self._shown = False
         self.lines = 0
+        self._text: dict[int, list[str]] = {}  # each Output widget's text so far, by id(widget)
 
     def display(self) -> None:
         from IPython.display import display
@@ -78,10 +79,22 @@ class RankOutputView:
         self.display()  # only cells that print get a view
         self.lines += 1
         mark = ":err" if stream == "stderr" else ""
-        self.combined.append_stdout(f"[rank {rank}{mark}] {line}\n")
+        self._append(self.combined, f"[rank {rank}{mark}] {line}\n")
         target = self.per_rank.get(rank)
         if target is not None:
-            target.append_stdout(line + "\n")
+            self._append(target, line + "\n")
+
+    def _append(self, widget, text: str) -> None:
+        """Add ``text`` to ``widget``, whose outputs stay one stream holding all its text.
+
+        Not ``append_stdout``: that adds an output per line, and JupyterLab merges consecutive
+        stream outputs into one while it re-renders them; under load a line merged in at that
+        moment was seen missing from the "all ranks" tab. A single stream has nothing to merge.
+        Each update sends the widget's whole text, as ``append_stdout`` sends every line so far.
+        """
+        kept = self._text.setdefault(id(widget), [])
+        kept.append(text)
+        widget.outputs = ({"output_type": "stream", "name": "stdout", "text": "".join(kept)},)
 
     def close_if_unused(self) -> None:
         """Free the widgets of a view that was never shown (its request printed nothing)."""

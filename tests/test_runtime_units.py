@@ -343,3 +343,21 @@ def test_persistent_ranks_are_told_what_state_they_are_left_in(learner):
     assert "still busy with an earlier request" in str(unusable_rank_error(0, "busy", None))
     assert unusable_rank_error(0, "idle", None) is None
     assert str(interrupted_cell([0, 1], [1])) == "the cell was interrupted on ranks 0, 1; still blocked: 1 (run %dist_restart)."
+
+
+def test_the_rank_view_keeps_each_tab_one_stream_holding_every_line(capsys):
+    """Does each tab of the widget view hold one stream output with all its lines in order (JupyterLab never merges
+    outputs in it, which once lost a line under load), the "all ranks" tab labelling each line and stderr?"""
+    from helpers.view import RankOutputView
+
+    view = RankOutputView(world_size=2)
+    view.write(1, "stdout", "hello from rank 1")
+    view.write(0, "stdout", "hello from rank 0")
+    view.write(0, "stderr", "a warning")
+    capsys.readouterr()  # display() outside a kernel prints the widget's repr
+    assert view.combined.outputs == ({"output_type": "stream", "name": "stdout",
+                                      "text": "[rank 1] hello from rank 1\n[rank 0] hello from rank 0\n"
+                                              "[rank 0:err] a warning\n"},)
+    assert [o["text"] for o in view.per_rank[0].outputs] == ["hello from rank 0\na warning\n"]
+    assert [o["text"] for o in view.per_rank[1].outputs] == ["hello from rank 1\n"]
+    assert view.lines == 3
