@@ -74,6 +74,9 @@ EXPECTED_OUTPUTS = {
     "09-sharding": [
         ("def clip_then_gather(", r"all_reduce +48 bytes of float32, via='functional'|Skipped"),
         ("def clip_then_gather(", r"all_gather_into_tensor +16,384 bytes of float32, via='functional'|Skipped"),
+        # The GPU route: one rank per GPU over nccl where there are GPUs, the same training as one process.
+        ("def fsdp_on_gpus(", r"Skipped: this machine has no GPU|rank 0: nccl on cuda:0, blocks\[0\]\[0\]\.weight's shard "
+                              r"\(\d+, 64\); after 3 AdamW steps, largest difference from one process: (\d\.\de-0[5-9]|0\.0e\+00)"),
     ],
     # Lesson 10's prose quotes these numbers; a section that needs a newer torch says "Skipped".
     "10-model-parallelism": [
@@ -83,6 +86,8 @@ EXPECTED_OUTPUTS = {
         ("def dtensor_mlp(", r"parallelize_module: +\[\(128, 'functional'\), \(128, 'functional'\)\]|Skipped"),
         ("def dtensor_mlp(", r"same output +True\nsame x\.grad +True|Skipped"),
         ("def dtensor_mlp(", r"set-up, rank 0: \[\('scatter', \d+\), \('scatter', \d+\), \('scatter', \d+\), \('broadcast', \d+\)\]|Skipped"),
+        ("def dtensor_mlp_on_gpus(", r"Skipped: this machine has no GPU|over nccl:\n  local shapes .*\n  same output +True\n"
+                                     r"  same x\.grad +True"),
         ("def sequence_parallel(", r"same result as all-reduce then layer norm: \[True, True, True, True\]"),
         ("def one_batch_step(", r"bubble: 3/4 of the ranks' time idle"),
         ("stages, counts = 4", r"m = 8: the step takes 33 units, bubble 3/11 \(the formula \(p-1\)/\(m\+p-1\) gives 3/11\)"),
