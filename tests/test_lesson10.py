@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from _torch_features import needs_pipelining, needs_public_functional
+
 from autograder import exercise
 from autograder.lessons.harness import GradingFailure
 
@@ -130,6 +132,7 @@ def test_10_1_refuses_dtensor_with_the_exercises_reason(factory):
     assert ex.forbid_reason in str(info.value)
 
 
+@needs_public_functional
 @pytest.mark.parametrize("answer", ["FunctionalMLP", "ProcessGroupMLP"])
 def test_10_1_counts_an_all_reduce_however_it_is_made(factory, answer):
     """Do f and g that sum with a functional collective, or a ProcessGroup's allreduce, earn the gradients and
@@ -139,6 +142,7 @@ def test_10_1_counts_an_all_reduce_however_it_is_made(factory, answer):
         ex.grade(_ANSWERS[answer], part)
 
 
+@needs_public_functional
 def test_10_1_names_an_all_reduce_that_autograd_differentiates_by_itself(factory):
     """Does a g left to the functional all-reduce's own backward (a second sum) lose the communication part, with
     feedback that lists both backward all-reduces, says how they were made and says why there are two?"""
@@ -148,6 +152,7 @@ def test_10_1_names_an_all_reduce_that_autograd_differentiates_by_itself(factory
         exercise("10.1").grade(_ANSWERS["FunctionalWithoutG"], "communication")
 
 
+@needs_pipelining
 @pytest.mark.parametrize("number", ["10.2", "10.3"])
 def test_pipeline_exercises_refuse_torchs_pipelining_and_functional_gathers(factory, number):
     """Do 10.2 and 10.3 refuse torch.distributed.pipelining and _functional_collectives.all_gather_tensor (every
