@@ -191,6 +191,16 @@ class Kernel:
                 stdout.append(msg["content"]["text"])
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
+        # A frontend shows a cell's stream messages by their parent, also those that reach it after the
+        # idle status (the kernel's IO thread sends them); take those that come within a short grace too.
+        grace = time.monotonic() + 0.2
+        while (left := grace - time.monotonic()) > 0:
+            try:
+                msg = kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                break
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                messages.append(msg)
         reply = kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
         while reply.get("parent_header", {}).get("msg_id") != msg_id:
             reply = kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
