@@ -98,7 +98,7 @@ def test_isend_in_one_cell_recv_in_the_next(kernel):
     out = kernel.run(
         "%%distributed --ranks 1\ninbox = torch.zeros(3)\ndist.recv(inbox, 0)\nprint('got', inbox.tolist())"
     )
-    assert labelled(out) == ["[rank 1] got [0.0, 1.0, 2.0]"]
+    assert labelled(out) == ["[rank 1] got [0.0, 1.0, 2.0]"], out  # the whole stdout, to see what came instead
     out = kernel.run("%%distributed --ranks 0\nreq.wait()\nreq.is_completed()")
     assert labelled(out) == ["[rank 0] Out: True"]
 
