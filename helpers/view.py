@@ -65,7 +65,6 @@ class RankOutputView:
             self.tabs.set_title(i, title)
         self._shown = False
         self.lines = 0
-        self._text: dict[int, list[str]] = {}  # each Output widget's text so far, by id(widget)
 
     def display(self) -> None:
         from IPython.display import display
@@ -92,9 +91,8 @@ class RankOutputView:
         moment was seen missing from the "all ranks" tab. A single stream has nothing to merge.
         Each update sends the widget's whole text, as ``append_stdout`` sends every line so far.
         """
-        kept = self._text.setdefault(id(widget), [])
-        kept.append(text)
-        widget.outputs = ({"output_type": "stream", "name": "stdout", "text": "".join(kept)},)
+        before = widget.outputs[0]["text"] if widget.outputs else ""
+        widget.outputs = ({"output_type": "stream", "name": "stdout", "text": before + text},)
 
     def close_if_unused(self) -> None:
         """Free the widgets of a view that was never shown (its request printed nothing)."""
