@@ -8,11 +8,9 @@ themselves.
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
@@ -24,6 +22,31 @@ ROOT = Path(__file__).resolve().parents[1]
 # devtools/ (course copies, free ports) is imported from the repository root, not installed.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+# --------------------------------------------------------------------------- parallel runs
+
+#: The modules that take longest, first: under pytest-xdist (`make test` runs the suite on
+#: TEST_JOBS workers) they start at once, and the short modules fill the gaps around them.
+LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_grading_dask", "test_grading_parallel",
+              "test_colab", "test_release_learner")
+
+
+def xdist_group(module: str) -> str:
+    """The worker group of a test module: every module runs whole on one worker (its module
+    fixtures, a kernel, a lab, a release, are made once), and the grading end-to-end modules
+    share one worker, which grades their learners together (``graded_class``)."""
+    return "graded-class" if module.startswith("test_grading_e2e") else module
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the modules longest first, and give each its worker group (``--dist loadgroup``)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    groups = {id(item): xdist_group(item.path.stem) for item in items}
+    items.sort(key=lambda item: rank.get(groups[id(item)], len(LONG_FIRST)))  # stable: the rest keep their order
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
 
 
 # --------------------------------------------------------------------------- processes
@@ -135,132 +158,7 @@ def no_leftover_ranks(factory):
 
 # --------------------------------------------------------------------------- kernel
 
-
-class Kernel:
-    """A real ipykernel started with this interpreter, and a way to run cells in it."""
-
-    def __init__(self) -> None:
-        from jupyter_client.manager import start_new_kernel
-
-        # jupyter_client replaces the kernel spec's "python" with sys.executable, so the
-        # kernel runs in this venv; start_kernel() below checks it.
-        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
-        self.cell = 0
-
-    def execute(
-        self,
-        code: str,
-        timeout: float = 60.0,
-        interrupt_after: float | None = None,
-        interrupt_when: Callable[[str], bool] | None = None,
-    ) -> dict[str, Any]:
-        """Run one cell; return its stdout, stderr, error content, all iopub messages and time.
-
-        With ``interrupt_after``, the kernel is interrupted that many seconds after the cell
-        starts, or later, once ``interrupt_when(stdout so far)`` is true (10 s at most more).
-        """
-        kc = self.kc
-        started = time.monotonic()
-        msg_id = kc.execute(code)
-        self.cell += 1
-        messages: list[dict] = []
-        stdout: list[str] = []
-        pending_interrupt = interrupt_after is not None
-        deadline = started + timeout
-        while True:
-            now = time.monotonic()
-            if now > deadline:
-                raise TimeoutError(f"cell did not finish within {timeout} s:\n{code}\n{messages}")
-            if pending_interrupt and now >= started + interrupt_after and (
-                interrupt_when is None or interrupt_when("".join(stdout)) or now >= started + interrupt_after + 10
-            ):
-                self.km.interrupt_kernel()
-                self.interrupted_at = time.monotonic()
-                pending_interrupt = False
-            wait = deadline - now
-            if pending_interrupt:
-                wait = min(wait, max(0.01, started + interrupt_after - now), 0.05)
-            try:
-                msg = kc.get_iopub_msg(timeout=wait)
-            except queue.Empty:
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            messages.append(msg)
-            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
-                stdout.append(msg["content"]["text"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        # A frontend shows a cell's stream messages by their parent, also those that reach it after the
-        # idle status (the kernel's IO thread sends them); take those that come within a short grace too.
-        grace = time.monotonic() + 0.2
-        while (left := grace - time.monotonic()) > 0:
-            try:
-                msg = kc.get_iopub_msg(timeout=left)
-            except queue.Empty:
-                break
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                messages.append(msg)
-        reply = kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
-        while reply.get("parent_header", {}).get("msg_id") != msg_id:
-            reply = kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
-        streams = [m["content"] for m in messages if m["msg_type"] == "stream"]
-        errors = [m["content"] for m in messages if m["msg_type"] == "error"]
-        return {
-            "stdout": "".join(s["text"] for s in streams if s["name"] == "stdout"),
-            "stderr": "".join(s["text"] for s in streams if s["name"] == "stderr"),
-            "stderr_messages": [s for s in streams if s["name"] == "stderr"],
-            "error": errors[0] if errors else None,
-            "status": reply["content"]["status"],
-            "execution_count": reply["content"].get("execution_count"),
-            "messages": messages,
-            "seconds": time.monotonic() - started,
-            "finished_at": time.monotonic(),
-        }
-
-    def run(self, code: str, timeout: float = 60.0) -> str:
-        """Run a cell that must succeed; return its stdout."""
-        out = self.execute(code, timeout)
-        if out["error"] is not None or out["status"] != "ok":
-            err = out["error"] or {}
-            raise AssertionError(
-                f"cell failed: {err.get('ename')}: {err.get('evalue')}\n"
-                + "\n".join(err.get("traceback", []))
-                + f"\n--- cell ---\n{code}\n--- stderr ---\n{out['stderr']}"
-            )
-        return out["stdout"]
-
-    def value(self, expression: str, timeout: float = 60.0) -> Any:
-        """Evaluate ``expression`` in the kernel and bring back its repr as a Python literal."""
-        import ast
-
-        text = self.run(f"print(repr({expression}))", timeout)
-        return ast.literal_eval(text.strip().splitlines()[-1])
-
-    @property
-    def pid(self) -> int:
-        return self.km.provisioner.process.pid
-
-    def close(self) -> None:
-        try:
-            self.kc.stop_channels()
-        finally:
-            if self.km.is_alive():
-                self.km.shutdown_kernel(now=True)
-
-
-def start_kernel() -> Kernel:
-    """Start a kernel and check that it runs this venv's interpreter."""
-    kernel = Kernel()
-    try:
-        executable = kernel.value("__import__('sys').executable")
-        assert os.path.realpath(executable) == os.path.realpath(sys.executable), (
-            f"the kernel runs {executable}, not this venv's {sys.executable}"
-        )
-    except BaseException:
-        kernel.close()
-        raise
-    return kernel
+from devtools.kernel import Kernel, start_kernel  # noqa: E402 - after ROOT is on sys.path
 
 
 @pytest.fixture

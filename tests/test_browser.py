@@ -353,8 +353,11 @@ def test_distributed_cell_shows_a_tab_per_rank(lab, page, scratch, shots):
 
     path = f"{scratch}/tabs.ipynb"
     lab.put_notebook(path, code_notebook(
+        # The kernel's wait for its ranks slowed (devtools.slowpoll), and each rank printing a moment
+        # after it started: the rank's line and its reply land while the kernel is on its way to read.
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport devtools.slowpoll\ndevtools.slowpoll.install(0.2)\n"
         "%load_ext helpers\n%dist_start -n 2",
-        "%%distributed\nprint(f'hello from rank {rank} of {world_size}')",
+        "%%distributed\nimport time; time.sleep(0.05)\nprint(f'hello from rank {rank} of {world_size}')",
     ))
     jlab = lab.page(page).open(path)
     try:

@@ -4,6 +4,10 @@ One kernel is shared by the module (starting one costs seconds); every test uses
 variable names. The kernel has no ``JPY_SESSION_NAME``, like nbclient and nbgrader, so the
 ranks' output is plain ``[rank N] ...`` text; one test forces the widget view. The last
 test shuts the kernel down and checks that nothing of ours is left running.
+
+The kernel's wait for its ranks is slowed by 0.2 s (:mod:`devtools.slowpoll`) whenever it
+wakes: a rank that prints and replies in that gap is the race that once moved a rank's line
+into the next cell, so every cell here meets it often, and one test every time.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class _Shared:
                 "import os\n"
                 "os.environ.pop('HELPERS_VIEW', None)\n"
                 "os.environ.pop('JPY_SESSION_NAME', None)\n"
+                "import devtools.slowpoll\n"
+                "devtools.slowpoll.install(0.2)\n"
                 "%load_ext helpers"
             )
         return self.kernel
@@ -101,6 +107,15 @@ def test_isend_in_one_cell_recv_in_the_next(kernel):
     assert labelled(out) == ["[rank 1] got [0.0, 1.0, 2.0]"], out  # the whole stdout, to see what came instead
     out = kernel.run("%%distributed --ranks 0\nreq.wait()\nreq.is_completed()")
     assert labelled(out) == ["[rank 0] Out: True"]
+
+
+def test_every_line_lands_in_its_own_cell(kernel):
+    """Each rank waits a moment, prints and replies while the kernel's slowed wait is in its
+    gap: does each cell show its own lines, and none of the cell before?"""
+    for i, ranks in enumerate(["0", "1", "0,1", "1", "0"]):
+        out = kernel.run(f"%%distributed --ranks {ranks}\nimport time; time.sleep(0.05)\nprint('cell {i} on rank', rank)")
+        expected = [f"[rank {r}] cell {i} on rank {r}" for r in map(int, ranks.split(","))]
+        assert sorted(labelled(out)) == expected, out
 
 
 def test_output_is_labelled_and_nothing_reaches_stderr(kernel):

@@ -66,6 +66,21 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+_libc: ctypes.CDLL | None = None
+
+
+def _flush_c_stdio() -> None:
+    """Write out what C and C++ code in this process left in the C library's stdout buffer
+    (fully buffered on a pipe), so that it too reaches the notebook before the reply."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None)
+        _libc.fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
 def _text_stream(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         io.FileIO(fd, "w", closefd=False),
@@ -309,6 +324,7 @@ class _Rank:
         """Send a request's reply, with its trace, after everything it printed."""
         sys.stdout.flush()
         sys.stderr.flush()
+        _flush_c_stdio()
         inst = self.inst
         if isinstance(reply, Result) and inst is not None and inst.tracing:
             reply.trace = inst.take_events()

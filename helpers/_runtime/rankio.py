@@ -21,6 +21,10 @@ from .protocol import FD_NAMES, Death, Failure, Ready, Request, Result, Started
 
 __all__ = ["RankIO", "RankState"]
 
+#: The most reads of one output pipe when a rank's reply arrives (:meth:`RankIO.drain_output`):
+#: 16 of up to 64 KiB, four times what a pipe holds.
+_DRAIN_READS = 16
+
 
 @dataclass
 class RankState:
@@ -87,16 +91,8 @@ class RankIO:
             if entry is None:
                 continue
             state, name = entry
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
+            data = self._read(fd, state, name)
             if not data:
-                self._close_fd(fd)
-                if name in ("stdout", "stderr"):
-                    self.router.flush(state.rank)
                 continue
             if name in ("stdout", "stderr"):
                 self.router.feed(state.rank, name, data)
@@ -105,6 +101,11 @@ class RankIO:
             elif name == "reply":
                 state.reader.feed(data)
                 for reply in state.reader.messages():
+                    if isinstance(reply, (Result, Failure)):
+                        # Everything the rank printed before this reply is in its pipes by
+                        # now, but those pipes may not have been ready when this wait began
+                        # (the rank printed and replied while we were on our way here).
+                        self.drain_output(state)
                     self._on_reply(state, reply)
         for state in self.ranks:
             if state.writer is not None and state.writer.waiting:
@@ -112,6 +113,41 @@ class RankIO:
                     state.writer.flush()
                 except OSError:
                     state.writer = None
+
+    def _read(self, fd: int, state: RankState, name: str) -> bytes | None:
+        """One read from a rank's pipe: its bytes, None when there are none now, ``b""`` at
+        its end (the pipe is then closed, and an output stream's unfinished line passed on)."""
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(fd)
+            if name in ("stdout", "stderr"):
+                self.router.flush(state.rank)
+        return data
+
+    def drain_output(self, state: RankState) -> None:
+        """Pass on everything a rank's stdout and stderr pipes hold right now, without waiting.
+
+        Called when a rank's reply arrives (and when it died): what it wrote before then is
+        readable, so its lines reach the request they belong to, not the next one. A pipe
+        holds 64 KiB; a thread of the rank's own that goes on printing after the reply could
+        keep it filling, so at most :data:`_DRAIN_READS` reads are made per stream.
+        """
+        for name in ("stdout", "stderr"):
+            fd = state.fds.get(name)
+            reads = 0
+            # Only while the descriptor is still this pipe's: once closed, its number may be reused.
+            while (fd is not None and reads < _DRAIN_READS and (entry := self._by_fd.get(fd)) is not None
+                   and entry[0] is state and entry[1] == name):
+                reads += 1
+                data = self._read(fd, state, name)
+                if not data:
+                    break
+                self.router.feed(state.rank, name, data)
 
     def _order(self, item: tuple[int, int]) -> int:
         entry = self._by_fd.get(item[0])
@@ -167,6 +203,7 @@ class RankIO:
         deadline = time.monotonic() + 1.0
         while fd in self._by_fd and time.monotonic() < deadline:
             self.poll(0.02)
+        self.drain_output(self.ranks[death.rank])  # what it printed as it died goes with its error
         last: Failure | Death = death
         keep = []
         for event in self.take_events():
