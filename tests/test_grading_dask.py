@@ -224,6 +224,55 @@ def test_tries_are_counted_across_dead_workers_and_nothing_is_lost_or_doubled(al
 # -- Ctrl-C ---------------------------------------------------------------------------------------
 
 
+class _InterruptedClient:
+    """A Dask client whose ``method`` raises KeyboardInterrupt on its ``nth`` call, as a Ctrl-C arriving
+    right then would; everything else goes to the real client."""
+
+    def __init__(self, client, method: str, nth: int) -> None:
+        self._client, self._method, self._left = client, method, nth
+
+    def __getattr__(self, name: str):
+        real = getattr(self._client, name)
+        if name != self._method:
+            return real
+
+        def call(*args, **kwargs):
+            self._left -= 1
+            if self._left == 0:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize("where, nth", [("submit", 3), ("get_events", 1), ("on_final", 1)],
+                         ids=["handing-one-to-a-worker", "reading-a-result", "merging"])
+def test_a_ctrl_c_at_any_point_names_every_submission_not_finished(where, nth, monkeypatch):
+    """Whether the Ctrl-C comes while a submission is handed to a worker (no longer waiting, not yet running),
+    while a result is read, or while one is merged: is every submission not finished returned as left, once,
+    and every finished one not?"""
+    from distributed import Client, LocalCluster
+
+    tasks = [Task(who, LESSON, {}, {}) for who in ("ana", "bo", "cy", "dee")]
+    finals: list[str] = []
+
+    def on_final(graded: Graded, why: list[str]) -> None:
+        if where == "on_final":
+            raise KeyboardInterrupt
+        finals.append(graded.student)
+
+    monkeypatch.setenv("HELPERS_PRESTART", "0")  # what a worker sets (in this process here); put back after
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+    try:
+        with Client(cluster) as client:
+            proxy = client if where == "on_final" else _InterruptedClient(client, where, nth)
+            left = run(proxy, tasks, "test-ctrl-c", on_final=on_final, on_retry=lambda g: None, grade=stand_in)
+    finally:
+        cluster.close()
+    assert sorted(finals + [t.student for t in left]) == ["ana", "bo", "cy", "dee"], (finals, left)
+    assert len(left) >= 2, left  # at least the two it had not handed out yet
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_what_was_merged_and_only_ungraded_grades_the_rest(tmp_path):
     """Does Ctrl-C (SIGINT to the command's process group, as a terminal sends it) stop the run with what was

@@ -178,7 +178,10 @@ def hand_in(root: Path, subs: Path) -> None:
     release2 = root / "course" / LESSON02 / f"{LESSON02}.ipynb"
     submission(release2, target("alice", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"])})
     submission(release2, target("carol", LESSON02), {ans2["2.1"]: LOCAL_RING_SUM})
-    submission(release2, target("oscar", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"]) + ESCAPE})
+    # Only a sandbox may meet oscar's escape: without one it would really write pwned.txt in every
+    # folder above the grading and in the home folder of whoever runs the tests.
+    escape = "" if sandbox_flags() else ESCAPE
+    submission(release2, target("oscar", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"]) + escape})
 
 
 @pytest.fixture(scope="module")

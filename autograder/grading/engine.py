@@ -263,11 +263,12 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
     Returns the tasks a Ctrl-C left ungraded (none when the run finished).
     """
     waiting, running = list(tasks), {}
+    finished: set[str] = set()  # submissions whose final record on_final took in whole
     results: queue.Queue[tuple[Task, Any]] = queue.Queue()
     why: dict[str, dict[int, str]] = {}  # submission -> try -> why that try failed (tries whose result came back)
     lost: dict[str, int] = {}  # submission -> times a dead worker held it before it started
     progress = progress or Progress(len(tasks))
-    serial, merging = 0, None
+    serial = 0
     try:
         while waiting or running:
             threads = _threads(client)
@@ -300,14 +301,15 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
                 waiting.append(replace(task, attempt=graded.attempt + 1))
                 continue
             progress.clear()
-            merging = task  # a Ctrl-C while it is merged leaves it among the ungraded
             on_final(graded, _retried_because(graded.attempt, why.get(task.name, {}), starts))
-            merging = None
+            finished.add(task.name)  # a Ctrl-C while it is merged leaves it among the ungraded
             progress.done(ok=graded.status == "ok")
             progress.show(running=len(running))
         progress.clear()
         return []
     except KeyboardInterrupt:
+        # Whatever the loop was doing (handing a task to a worker, reading a result, merging it),
+        # every submission not finished is left: none falls between the waiting and the running.
         progress.clear()
         client.cancel([future for _, future in running.values()])
-        return ([merging] if merging else []) + [task for task, _ in running.values()] + waiting
+        return [task for task in tasks if task.name not in finished]
