@@ -8,6 +8,7 @@
 #               e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"
 #   LAB_ARGS    extra arguments for `jupyter lab`
 #   PYTEST_ARGS extra arguments for pytest
+#   TEST_JOBS   pytest-xdist workers for `make test` (default 2; 0 runs the tests in one process)
 #   PIP_FLAGS   extra pip flags (default -q: no progress bars, errors still shown)
 #   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
@@ -19,12 +20,13 @@ VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 LAB_ARGS    ?=
 PYTEST_ARGS ?=
+TEST_JOBS   ?= 2
 PIP_FLAGS   ?= -q
 
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test test-compat bench bench-cluster bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test soak test-compat bench bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
 
 venv: $(STAMP)
 
@@ -64,8 +66,23 @@ lab: venv
 	$(SAY_ROOT)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter lab course/ $(ALLOW_ROOT) $(LAB_ARGS)
 
+# The suite runs on TEST_JOBS pytest-xdist workers (TEST_JOBS=0: in this process, one test after
+# another). Each module stays whole on one worker, longest first (tests/conftest.py); most
+# tests wait on ranks, kernels and browsers more than they compute, so 2 workers fit 2 cores.
 test: venv
-	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS)) $(PYTEST_ARGS)
+
+# Not part of `make test`: the modules most exposed to timing (kernels, %%distributed, the ranks'
+# output, the browser, a graded class) run SOAK_RUNS times each while SOAK_LOAD busy processes
+# keep the cores occupied; every failure is a bug to fix at its cause. Logs: SOAK_OUT/.
+# devtools/soak.py says more; SOAK_GROUPS picks some of kernel,magics,output,browser,grading.
+SOAK_RUNS   ?= 10
+SOAK_LOAD   ?= $(shell nproc 2>/dev/null || echo 2)
+SOAK_GROUPS ?= kernel,magics,output,browser,grading
+SOAK_OUT    ?= soak-results
+
+soak: venv
+	$(VENV_PY) -m devtools.soak --runs $(SOAK_RUNS) --load $(SOAK_LOAD) --groups $(SOAK_GROUPS) --out $(SOAK_OUT) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # The launch tests and every solution notebook against another torch (and Python), in a
 # venv of its own under .venv-compat/, for the two ends of the supported range, e.g.
@@ -82,13 +99,14 @@ test-compat:
 # Benchmarks, each a script in bench/ (bench/README.md: what they measure, targets, figures):
 #   bench          launching ranks: cold and warm launch against mp.spawn and torchrun (launch_bench.py)
 #   bench-cluster  round trip of one request to running ranks: an empty %%distributed cell, Cluster.run
+#   bench-output   3000 %%distributed cells printing on every rank, cores busy: lines missing from their cell
 #   bench-trace    what tracing and hang diagnosis cost on the reference ring all-reduce at 1 MB
 #   bench-ddp      lesson 06: time per training step, averaging after backward against MiniDDP and DDP
 #   bench-ring     lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB
 #   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
 #   bench-grading  seconds to autograde one learner's submission of each lesson
 # bench-NAME runs bench/NAME_bench.py.
-BENCHES := bench-cluster bench-trace bench-ddp bench-ring bench-class bench-grading
+BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py

@@ -32,21 +32,34 @@ LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_grading_da
               "test_colab", "test_release_learner")
 
 
-def xdist_group(module: str) -> str:
-    """The worker group of a test module: every module runs whole on one worker (its module
-    fixtures, a kernel, a lab, a release, are made once), and the grading end-to-end modules
-    share one worker, which grades their learners together (``graded_class``)."""
+def worker_group(module: str) -> str:
+    """What runs whole on one pytest-xdist worker: a test module (its module fixtures, a
+    kernel, a lab, a release, are made once), except that the grading end-to-end modules
+    share one worker, which grades all their learners together (``graded_class``)."""
     return "graded-class" if module.startswith("test_grading_e2e") else module
 
 
 def pytest_collection_modifyitems(config, items):
-    """Order the modules longest first, and give each its worker group (``--dist loadgroup``)."""
+    """The modules in :data:`LONG_FIRST` first; the others keep their order."""
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    groups = {id(item): xdist_group(item.path.stem) for item in items}
-    items.sort(key=lambda item: rank.get(groups[id(item)], len(LONG_FIRST)))  # stable: the rest keep their order
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    items.sort(key=lambda item: rank.get(worker_group(item.path.stem), len(LONG_FIRST)))
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # without pytest-xdist the suite runs in one process
+    pass
+else:
+    class _GroupScheduling(LoadScopeScheduling):
+        """Hands each worker whole :func:`worker_group` units, in the order collected."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return worker_group(Path(module).stem)
+
+    def pytest_xdist_make_scheduler(config, log):
+        config.option.loadscopereorder = False  # keep LONG_FIRST's order
+        return _GroupScheduling(config, log)
 
 
 # --------------------------------------------------------------------------- processes

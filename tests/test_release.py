@@ -69,6 +69,11 @@ def release(tmp_path_factory) -> Path:
     return out
 
 
+def _course_notebooks() -> list[Path]:
+    """The learner notebooks, course/<lesson>/<lesson>.ipynb (not a browser test's scratch notebook beside them)."""
+    return [p for p in sorted((ROOT / "course").glob("*/*.ipynb")) if p.stem == p.parent.name]
+
+
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -122,7 +127,7 @@ def test_release_holds_the_course_helpers_and_self_checks(release):
     """Does the release hold the learner notebooks as committed, all of helpers/, the self-check
     modules and the learner's project files, and nothing else?"""
     files = _files(release)
-    notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "course").glob("*/*.ipynb"))
+    notebooks = sorted(str(p.relative_to(ROOT)) for p in _course_notebooks())
     helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").rglob("*.py"))
     autograder = sorted(["autograder/__init__.py"] + [f"autograder/{m}.py" for m in KEPT_MODULES]
                         + [f"autograder/lessons/{m}.py" for m in LESSON_MODULES])
@@ -176,7 +181,7 @@ def test_no_solution_text_reaches_the_release(release):
     instructor_only.add((ROOT / "autograder" / "lessons" / "reference.py").read_bytes())
     assert not [n for n in texts if (release / n).read_bytes() in instructor_only or n.endswith("reference.py")]
     assert not [(n, m) for n, t in texts.items() for m in MARKUP if m in t]
-    shown = {line.strip() for p in (ROOT / "course").glob("*/*.ipynb")
+    shown = {line.strip() for p in _course_notebooks()
              for c in json.loads(p.read_text())["cells"] for line in "".join(c["source"]).splitlines()}
     answers = set()
     for path in (ROOT / "solutions").glob("*/*.ipynb"):
