@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.runs < 1 or args.load < 0:
         parser.error(f"groups must be among {', '.join(GROUPS)} (got {', '.join(unknown) or 'none unknown'}); "
                      "--runs at least 1, --load at least 0")
+    # Ctrl-C stops the soak (and its busy processes), and the tests' processes get the signal as
+    # from a terminal, even where the soak itself was started in the background (SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: {args.runs} runs of {', '.join(groups)}, {args.load} busy processes beside; logs in {out}/",

@@ -281,8 +281,13 @@ def test_ctrl_c_keeps_what_was_merged_and_only_ungraded_grades_the_rest(tmp_path
     env = {**tool_env(), "COURSE_ROOT": str(root)}
     command = [sys.executable, "-m", "autograder", "grade", str(tmp_path / "submissions"), "--jobs", "1",
                *sandbox_flags()]
-    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    # A shell gives the command it runs in the foreground Ctrl-C as it comes; one that runs these tests in the
+    # background passes SIGINT on ignored, and so would every process started here. As the terminal would:
+    in_the_foreground = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                         "signal.default_int_handler); sys.argv[0] = 'autograder'; runpy.run_module('autograder', "
+                         "run_name='__main__', alter_sys=True)", *command[3:]]
+    process = subprocess.Popen(in_the_foreground, cwd=root, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     for line in process.stdout:
         lines.append(line)
