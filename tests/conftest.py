@@ -35,8 +35,12 @@ LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_grading_da
 def worker_group(module: str) -> str:
     """What runs whole on one pytest-xdist worker: a test module (its module fixtures, a
     kernel, a lab, a release, are made once), except that the grading end-to-end modules
-    share one worker, which grades all their learners together (``graded_class``)."""
-    return "graded-class" if module.startswith("test_grading_e2e") else module
+    share one worker, which grades all their learners together (``graded_class``), and the two
+    modules that start `make instructor` in the checkout share another."""
+    if module.startswith("test_grading_e2e"):
+        return "graded-class"
+    # Both start `make instructor`, whose formgrader makes (and the tests then remove) the checkout's gradebook.
+    return "test_browser" if module == "test_start_routes" else module
 
 
 def pytest_collection_modifyitems(config, items):

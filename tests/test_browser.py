@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from _servers import ROOT, TOKEN, free_port, group_alive, serve, stop, wait_for
+from _servers import ROOT, TOKEN, group_alive, start, stop
 from conftest import descendants_of, describe_pids, is_gone, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -100,20 +100,17 @@ class Lab:
 
     def __init__(self, target: str, workdir: Path) -> None:
         self.target = target
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         settings = workdir / f"{target}-settings"
         for name, values in LAB_SETTINGS.items():
             (settings / name).parent.mkdir(parents=True, exist_ok=True)
             (settings / name).write_text(json.dumps(values))
         self.log_path = workdir / f"make-{target}.log"
-        self._log = open(self.log_path, "w")
-        self.proc = serve(target, self.port, log=self._log, env={
+        self.proc, self.port, status = start(target, log_path=self.log_path, seconds=120, env={
             "JUPYTERLAB_SETTINGS_DIR": str(settings),
             "JUPYTERLAB_WORKSPACES_DIR": str(workdir / f"{target}-workspaces"),
         })
+        self.url = f"http://127.0.0.1:{self.port}"
         self.pgid = self.proc.pid  # start_new_session: make leads its own process group
-        status, _ = wait_for(f"{self.url}/lab?token={TOKEN}", self.proc, seconds=120)
         if status != 200:
             self.stop()
             raise AssertionError(f"`make {target}` did not serve JupyterLab:\n{self.output()[-3000:]}")
@@ -131,7 +128,6 @@ class Lab:
                 os.killpg(self.pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self._log.close()
         return ended
 
     def api(self, method: str, path: str, body: dict | None = None) -> dict | list | None:

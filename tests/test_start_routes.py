@@ -13,15 +13,13 @@ import os
 
 import pytest
 
-from _servers import ROOT, TOKEN, free_port, get, serve, stop, wait_for
+from _servers import ROOT, TOKEN, get, start, stop
 
 
 def _ask_server(target: str, path: str) -> tuple[int, tuple[int, str], str]:
     """Start `make TARGET`, wait for JupyterLab, GET ``path``; return the lab's status, that answer, and make's output."""
-    port = free_port()
-    proc = serve(target, port)
+    proc, port, status = start(target, seconds=90)
     try:
-        status, _ = wait_for(f"http://127.0.0.1:{port}/lab?token={TOKEN}", proc)
         # The first formgrader request creates the gradebook: give a busy machine time.
         answer = get(f"http://127.0.0.1:{port}{path}?token={TOKEN}", timeout=60)
     finally:
