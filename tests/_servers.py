@@ -33,8 +33,8 @@ def get(url: str, timeout: float = 5) -> tuple[int, str]:
 
 #: Ports tried by :func:`start` before giving up: a free port can be taken before the server binds it.
 PORT_TRIES = 4
-#: What JupyterLab prints when its port was taken (it is told not to move to another one).
-PORT_TAKEN = "no available port could be found"
+#: What JupyterLab prints when its port was taken (it is told not to move to another one, and exits).
+PORT_TAKEN = "is already in use"
 
 
 def serve(target: str, port: int, env: Mapping[str, str] | None = None, log: IO[str] | None = None) -> subprocess.Popen:

@@ -52,3 +52,27 @@ def test_make_instructor_serves_the_formgrader_with_every_lesson():
     assert formgrader[0] == 200, f"the formgrader API answered {formgrader[0]}; output:\n{output[-3000:]}"
     listed = sorted(a["name"] for a in json.loads(formgrader[1]))
     assert listed == lessons, listed
+
+
+@pytest.mark.slow
+def test_a_port_taken_before_the_lab_binds_it_is_replaced(monkeypatch):
+    """When the free port chosen is taken before JupyterLab binds it, does the lab exit at once and come up on
+    another port (instead of moving to a port nobody waits on)?"""
+    import socket
+
+    import _servers
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = _servers.free_port
+    monkeypatch.setattr(_servers, "free_port", lambda: next(ports, None) or real())
+    try:
+        proc, port, status = _servers.start("lab", seconds=90)
+        try:
+            assert status == 200 and port != taken.getsockname()[1], (port, status)
+        finally:
+            stop(proc)
+    finally:
+        taken.close()
