@@ -91,11 +91,30 @@ def make_answer(total):
             h = F.gelu(F.linear(Copy.apply(x), self.w1, self.b1))
             return self.g(F.linear(h, self.w2)) + self.b2
 
+    MLP.Copy, MLP.Reduce = Copy, Reduce
     return MLP
+
+
+def _sum_unless_alone(t):
+    """Megatron's way: on one rank there is nothing to add, so no call is made."""
+    if dist.get_world_size() == 1:
+        return t
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
 
 
 FunctionalMLP = make_answer(_functional_sum)
 ProcessGroupMLP = make_answer(_process_group_sum)
+SkipsAlone = make_answer(_sum_unless_alone)
+
+
+class SwappedFG(make_answer(_sum_unless_alone)):
+    """g before fc1 and f after fc2: the input summed in forward, the output's gradient in backward."""
+
+    def forward(self, x):
+        h = F.gelu(F.linear(self.Reduce.apply(x), self.w1, self.b1))
+        return self.Copy.apply(F.linear(h, self.w2)) + self.b2
 
 
 class FunctionalWithoutG(FunctionalMLP):
@@ -140,6 +159,33 @@ def test_10_1_counts_an_all_reduce_however_it_is_made(factory, answer):
     ex = exercise("10.1")
     for part in ("backward", "communication"):
         ex.grade(_ANSWERS[answer], part)
+
+
+def test_10_1_accepts_no_call_on_one_rank_and_names_swapped_f_and_g(factory):
+    """Does an answer that skips the all-reduces on one rank (nothing to add there) earn every part, and does one
+    with f and g swapped (the input summed in forward: the output and the input differ in width, so the trace
+    tells) lose the communication part, saying so?"""
+    ex = exercise("10.1")
+    for part in ("forward", "backward", "communication", "shards"):
+        ex.grade(_ANSWERS["SkipsAlone"], part)
+    with pytest.raises(GradingFailure, match=r"communication: on 2 ranks, float64, rank \d's forward made all_reduce of "
+                                             r"\d+ bytes; it should make exactly one all-reduce, of fc2's output \(g\).*"
+                                             r"Are f and g swapped\?"):
+        ex.grade(_ANSWERS["SwappedFG"], "communication")
+
+
+def test_10_2_refuses_the_1f1b_order(factory):
+    """Does a 1F1B schedule, right in gradients, messages and bubble, lose 10.2's bubble part, saying that GPipe runs
+    every forward before any backward?"""
+    from autograder.lessons.reference import one_f_one_b_step
+
+    ex = exercise("10.2")
+    ex.grade(one_f_one_b_step, "gradients")
+    ex.grade(one_f_one_b_step, "messages")
+    with pytest.raises(GradingFailure, match=r"bubble: with \d stages and \d micro-batches, stage \d ran micro-batch \d's "
+                                             r"backward before micro-batch \d's forward\. GPipe runs every micro-batch "
+                                             r"forward, then every one backward"):
+        ex.grade(one_f_one_b_step, "bubble")
 
 
 @needs_public_functional

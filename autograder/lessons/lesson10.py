@@ -88,7 +88,7 @@ def _tp_runs(attempt: Attempt, cases: tuple = TP_CASES, run: bool = True) -> lis
     for world, dtypes in by_world_size(cases):
         for (dtype_name,) in dtypes:
             replies = _shared_run(attempt, mlp_worker, world, (dtype_name, run), timeout=TIMEOUT,
-                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['d']}")
+                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['out']}")
             runs.append((world, dtype_name, replies))
     return runs
 
@@ -125,8 +125,8 @@ exercise_10_1 = Exercise(
              _tp_forward),
         Part("backward", 2, "the input's gradient and every shard's gradient equal the matching slice of one process's.",
              _tp_backward),
-        Part("communication", 2, "exactly one all-reduce in forward and one in backward, each the size of the output.",
-             _tp_communication),
+        Part("communication", 2, "exactly one all-reduce in forward, of the output (g), and one in backward, of the "
+             "input's gradient (f); none needed on 1 rank.", _tp_communication),
         Part("shards", 1, "rank r holds block r of fc1's rows and of fc2's columns, fc2's bias whole: 1/p of each "
              "weight.", _tp_shards),
     ),
@@ -188,8 +188,8 @@ exercise_10_2 = Exercise(
              "micro-batches).", _pipeline_part(judge_gradients, GPIPE_CASES)),
         Part("messages", 2, "each stage sends one message per micro-batch to each neighbour, of one micro-batch's "
              "size, and nothing else.", _pipeline_part(judge_messages, GPIPE_CASES)),
-        Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1).",
-             _pipeline_part(judge_bubble, GPIPE_CASES)),
+        Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1), with every forward before any "
+             "backward on each stage.", _pipeline_part(judge_bubble, GPIPE_CASES)),
         Part("no_hang", 1, "finishes promptly with 2, 3 and 4 stages and 8 micro-batches.", _gpipe_no_hang),
     ),
     visible_check=_pipeline_self_check("GPipe", ((3, 4),), (judge_gradients, judge_messages, judge_bubble)),

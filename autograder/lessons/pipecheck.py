@@ -159,6 +159,8 @@ def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule
     run = Schedule([reply["record"] for reply in replies])
     want = Schedule.gpipe_bubble(p, m)
     if run.bubble == want:
+        if schedule_name == "GPipe":
+            _gpipe_order(attempt, p, m, replies, run)
         return
     first = run.for_rank(0)
     late = [s for i, s in enumerate(s for s in first if s.kind == "forward") if s.start != i]
@@ -174,6 +176,26 @@ def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule
                  f"({float(run.bubble):.0%} of the ranks' time idle); {schedule_name} takes {3 * (m + p - 1)} units, "
                  f"a bubble of (p - 1) / (m + p - 1) = {want}.{hint}\n"
                  f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
+
+
+def _gpipe_order(attempt: Attempt, p: int, m: int, replies: list[dict], run: Any) -> None:
+    """GPipe's order: on every stage, every micro-batch's forward before any backward.
+
+    1F1B has the same bubble on the clock; what tells the two apart is the order, which is
+    what Exercise 10.2 asks for (and what keeps all m micro-batches' activations at once).
+    """
+    for rank, reply in enumerate(replies):
+        kinds = [(kind, mb) for kind, mb, *_ in reply["record"]["steps"]]
+        last_forward = max((i for i, (kind, _) in enumerate(kinds) if kind == "forward"), default=-1)
+        early = [(i, mb) for i, (kind, mb) in enumerate(kinds) if kind == "backward" and i < last_forward]
+        if early:
+            i, mb = early[0]
+            later = [f for kind, f in kinds[i + 1:] if kind == "forward"]
+            attempt.fail(f"{_where(p, m)}, stage {rank} ran micro-batch {mb}'s backward before micro-batch "
+                         f"{later[0]}'s forward. GPipe runs every micro-batch forward, then every one backward, on "
+                         "each stage; interleaving them is 1F1B's order (Exercise 10.3), which has the same bubble "
+                         "but is not the schedule this exercise asks for.\n"
+                         f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
 
 
 def judge_memory(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
