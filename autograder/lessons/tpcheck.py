@@ -38,10 +38,11 @@ from .pieces import plural
 __all__ = ["SIZES", "mlp_worker", "identify", "describe", "judge_forward", "judge_backward", "judge_communication",
            "judge_shards", "TOLERANCE"]
 
-#: The graded MLP: fc1 = Linear(d, hidden), fc2 = Linear(hidden, out), a batch of ``rows``. hidden divides
-#: by 1, 2 and 4 (every split is even); out differs from d, so the output (g's all-reduce, forward) and
-#: the input's gradient (f's, backward) differ in size, and the trace tells which tensor each one summed.
-SIZES = {"d": 8, "hidden": 12, "out": 6, "rows": 5}
+#: The graded MLP: fc1 = Linear(d, hidden), fc2 = Linear(hidden, out), a batch of ``rows``. Every width
+#: divides by 1, 2 and 4 (every split is even, the right one and a wrong one alike); out differs from d,
+#: so the output (g's all-reduce, forward) and the input's gradient (f's, backward) differ in size, and
+#: the trace tells which tensor each one summed.
+SIZES = {"d": 8, "hidden": 12, "out": 16, "rows": 5}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 ITEM = {"float32": 4, "float64": 8}
 
