@@ -75,6 +75,8 @@ EXPECTED_OUTPUTS = {
         # Section 1: why the float32 slope lands on the formula, and the 20 bytes with a float32 gradient buffer.
         ("def held_after_forward(", r"(?m)^float32 +batch.*-> 6,912 bytes per sample|Skipped|not run while"),
         ("main_grad = ", r"total +1,588,224 bytes = 16 x N\n.*= 20 x N|Skipped|not run while"),
+        # A transformer block: the formula 4bs(16h + 4 + as), the fused kernel's log-sum-exp instead of the scores.
+        ("def block_held(", r"256 +4,202,496 +4,202,\d\d\d +2,113,536 +2,1\d\d,\d\d\d|Skipped|not run while"),
         # The DTensor primer: what each placement change costs.
         ("def dtensor_tour(", r"full_tensor\(\) +rank 1 made: all_gather\w* \(8 B, functional\)|Skipped"),
         ("def dtensor_tour(", r"Partial -> Replicate\(\) +rank 1 made: all_reduce \(32 B, functional\)|Skipped"),
@@ -86,6 +88,11 @@ EXPECTED_OUTPUTS = {
         # Prefetching, in the order the calls were issued.
         ("def issue_order(", r"default +AG F0 AG F1 AG F2 B2 AG AG RS B1 AG RS B0 RS|Skipped"),
         ("def issue_order(", r"forward prefetch +AG AG F0 AG F1 F2 B2 AG AG RS|Skipped"),
+        # HSDP on a 2 x 2 mesh, and gradient accumulation without a sync each micro-batch.
+        ("def hsdp_steps(", r"HSDP: blocks\[0\]\[0\]\.weight \(Replicate\(\), Shard\(dim=0\)\), local \(128, 64\); after 2 SGD "
+                            r"steps, largest difference from one process: (\d\.\de-0[6-9]|\d\.\de-1\d|0\.0e\+00)|Skipped"),
+        ("def hsdp_steps(", r"all_reduce over \[0, 2\] x6|Skipped"),
+        ("def hsdp_steps(", r"reduced after each: 12 reduce-scatters.*\n.*reduced with the last only: 3 reduce-scatters|Skipped"),
         # FSDP2's chunks of a 5-row weight on 4 ranks, and the padded all-gather.
         ("def padded(", r"local shards of a 5 x 3 weight on 4 ranks: \[\(2, 3\), \(2, 3\), \(1, 3\), \(0, 3\)\]\n"
                         r".*\[32, 32, 32, 32\]|Skipped"),
