@@ -144,6 +144,7 @@ def test_points_per_lesson_are_unchanged():
         "10.1": {"forward": 2, "backward": 2, "communication": 2, "shards": 1},
         "10.2": {"gradients": 3, "messages": 2, "bubble": 3, "no_hang": 1},
         "10.3": {"gradients": 1, "memory": 1, "bubble": 1},
+        "10.4": {"gradients": 1, "bubble": 1},
     }
 
 

@@ -132,6 +132,26 @@ def gathers_activations(stage, microbatches):
     funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD)
 
 
+def one_at_a_time(stages, microbatches):
+    """Two chunks, one micro-batch at a time through both and back: right gradients, no pipeline."""
+    m = len(microbatches)
+    for i, (inputs, targets) in enumerate(microbatches):
+        for stage in stages:
+            x = inputs if stage.is_first else torch.empty(stage.input_shape)
+            if not stage.is_first:
+                dist.recv(x, src=stage.prev_rank)
+            y = stage.forward(i, x, targets if stage.is_last else None)
+            if not stage.is_last:
+                dist.send(y, dst=stage.next_rank)
+        for stage in reversed(stages):
+            grad = 1.0 / m if stage.is_last else torch.empty(stage.output_shape)
+            if not stage.is_last:
+                dist.recv(grad, src=stage.next_rank)
+            g = stage.backward(i, grad)
+            if not stage.is_first:
+                dist.send(g, dst=stage.prev_rank)
+
+
 def torch_pipeline(stage, microbatches):
     from torch.distributed.pipelining import PipelineStage
 
@@ -212,3 +232,18 @@ def test_pipeline_exercises_refuse_torchs_pipelining_and_functional_gathers(fact
                                              r"\.all_gather_tensor is switched off here") as info:
         ex.grade(_ANSWERS["gathers_activations"], "gradients")
     assert ex.forbid_reason in str(info.value)
+
+
+def test_10_4_earns_both_parts_with_a_breadth_first_schedule_and_names_one_that_does_not_pipeline(factory):
+    """Does the breadth-first interleaved schedule earn 10.4's gradients and bubble, and does one that takes each
+    micro-batch through both chunks and back before the next (right gradients) lose the bubble, quoting the formula
+    and showing its steps?"""
+    from autograder.lessons.reference import interleaved_step
+
+    ex = exercise("10.4")
+    ex.grade(interleaved_step, "gradients")
+    ex.grade(interleaved_step, "bubble")
+    ex.grade(_ANSWERS["one_at_a_time"], "gradients")
+    with pytest.raises(GradingFailure, match=r"(?s)bubble: with 2 stages and 4 micro-batches, 2 chunks per rank: .*a "
+                                             r"bubble of \(p - 1\) / \(v m \+ p - 1\) = 1/9\..*stage 0 \| F0a"):
+        ex.grade(_ANSWERS["one_at_a_time"], "bubble")

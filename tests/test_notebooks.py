@@ -124,6 +124,11 @@ EXPECTED_OUTPUTS = {
         ("def two_d_torch(", r"rank 3: fc1\.weight .*local \(4, 8\) of \(16, 8\); after 3 SGD steps, largest difference from "
                              r"one process: (\d\.\de-0[6-9]|0\.0e\+00)|Skipped"),
         ("nodes, gpus_per_node, shape", r"its data-parallel peer: 8 \(node 1\) \| its pipeline peer: 16 \(node 2\)"),
+        # Past 1F1B: two chunks per rank, and ZB-H1's split backward, on the clock; torch's own chunked schedules.
+        ("def zero_bubble_step(", r"interleaved, 2 chunks +57 units, bubble 3/19 +\(formula 3/19\)"),
+        ("def zero_bubble_step(", r"ZB-H1 +27 units, bubble 1/9 +\(formula 1/9\); most activations held on a rank: 4"),
+        ("def torch_chunked(", r"ScheduleInterleavedZeroBubble: each chunk's gradient / one process's, rank by rank: "
+                               r"\[\[1\.0, 1\.0\], \[1\.0, 1\.0\]\]|Skipped"),
         ("def rpc_split_model(", r"rank 0's loss over 5 steps: \[[\d., ]+\]"),
     ],
 }
