@@ -16,6 +16,17 @@ What a schedule does with a stage, on each rank (``i`` is the micro-batch)::
     g = stage.backward(i, grad)         # grad: the gradient of the output (last stage: d loss / d loss_i);
                                         # returns the gradient of the input (first stage: None)
 
+Two refinements that schedules past 1F1B use (lesson 10):
+
+- **chunks** (interleaved schedules): a rank may hold several pieces of the model, ``Stage(...,
+  chunk=c, num_chunks=v)``; chunk c of rank r is piece ``c * p + r`` of ``v * p``, so activations
+  go from rank p - 1's chunk c to rank 0's chunk c + 1. ``is_first``, ``is_last``,
+  ``prev_rank`` and ``next_rank`` speak of the pieces. :meth:`Stage.record_all` records a
+  rank's chunks together;
+- **split backward** (zero-bubble schedules): ``stage.backward_input(i, grad)`` returns the
+  input's gradient at once (what the previous stage waits for) and ``stage.backward_weight(i)``
+  adds the layers' weight gradients later, in what would otherwise be idle time.
+
 Example (two ranks, in a launch with ``trace=True``)::
 
     >>> def run(rank, world_size):
@@ -60,19 +71,26 @@ class Stage:
     """
 
     def __init__(self, module: Any, input_shape: tuple, output_shape: tuple, loss_fn: Callable | None = None,
-                 *, rank: int | None = None, num_stages: int | None = None) -> None:
+                 *, rank: int | None = None, num_stages: int | None = None, chunk: int = 0,
+                 num_chunks: int = 1) -> None:
         import torch.distributed as dist
 
         self.rank = dist.get_rank() if rank is None else rank
         self.num_stages = dist.get_world_size() if num_stages is None else num_stages
-        self.is_first = self.rank == 0
-        self.is_last = self.rank == self.num_stages - 1
-        self.prev_rank = None if self.is_first else self.rank - 1
-        self.next_rank = None if self.is_last else self.rank + 1
+        if not 0 <= chunk < num_chunks:
+            raise StageError(f"Stage(chunk={chunk}, num_chunks={num_chunks}): a rank's chunks are numbered 0 to "
+                             "num_chunks - 1.")
+        self.chunk, self.num_chunks = chunk, num_chunks
+        self.piece = chunk * self.num_stages + self.rank  # which piece of the model, of num_chunks * num_stages
+        self.is_first = self.piece == 0
+        self.is_last = self.piece == num_chunks * self.num_stages - 1
+        self.prev_rank = None if self.is_first else (self.rank - 1) % self.num_stages
+        self.next_rank = None if self.is_last else (self.rank + 1) % self.num_stages
         self.input_shape, self.output_shape = tuple(input_shape), tuple(output_shape)
         self._module = module
         self._loss_fn = loss_fn or _mean_squared_error
         self._saved: dict[int, tuple[Any, Any]] = {}  # micro-batch -> (input that needs a gradient, output or loss)
+        self._weights_due: dict[int, Any] = {}  # micro-batch -> its output's gradient, kept from backward_input
         self._forwarded: set[int] = set()
         self._backwarded: set[int] = set()
         self.steps: list[tuple[str, int, float, float]] = []  # (kind, micro-batch, start, end), perf_counter
@@ -92,7 +110,7 @@ class Stage:
         """
         import torch
 
-        where = f"stage {self.rank}'s forward({microbatch}, ...)"
+        where = f"{self._name}'s forward({microbatch}, ...)"
         if microbatch in self._forwarded:
             raise StageError(f"{where}: micro-batch {microbatch} already went forward through this stage; "
                              "each micro-batch goes forward once per step.")
@@ -110,6 +128,10 @@ class Stage:
         self._note("forward", microbatch, start)
         return out.detach()
 
+    @property
+    def _name(self) -> str:
+        return f"stage {self.rank}" + (f" (chunk {self.chunk})" if self.num_chunks > 1 else "")
+
     def backward(self, microbatch: int, grad: Any) -> Any:
         """Backward of micro-batch ``microbatch``: accumulate the layers' gradients, free its activations.
 
@@ -121,9 +143,61 @@ class Stage:
         """
         import torch
 
-        where = f"stage {self.rank}'s backward({microbatch}, ...)"
-        if microbatch not in self._saved:
-            done = "already went backward" if microbatch in self._backwarded else "has not gone forward yet"
+        inputs, out, grad = self._ready_for_backward(microbatch, grad, f"{self._name}'s backward({microbatch}, ...)")
+        start = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        del self._saved[microbatch]  # the activations are freed: this is what 1F1B saves
+        self._backwarded.add(microbatch)
+        self._note("backward", microbatch, start)
+        return None if inputs is None else inputs.grad
+
+    def backward_input(self, microbatch: int, grad: Any) -> Any:
+        """The first half of a split backward: the gradient of the stage's input, at once.
+
+        Takes the same ``grad`` as :meth:`backward` and returns what it returns (None on the
+        first stage), but adds nothing to the layers' weight gradients yet: call
+        :meth:`backward_weight` for this micro-batch later. Until then the stage keeps the
+        micro-batch's activations, which the weight gradients need.
+        """
+        import torch
+
+        inputs, out, grad = self._ready_for_backward(microbatch, grad,
+                                                     f"{self._name}'s backward_input({microbatch}, ...)")
+        start = time.perf_counter()
+        result = None
+        if inputs is not None:
+            (result,) = torch.autograd.grad(out, inputs, grad, retain_graph=True)
+        self._weights_due[microbatch] = grad
+        self._backwarded.add(microbatch)
+        self._note("backward_input", microbatch, start)
+        return result
+
+    def backward_weight(self, microbatch: int) -> None:
+        """The second half of a split backward: add micro-batch ``microbatch``'s share to the layers'
+        weight gradients, and free its activations (after :meth:`backward_input` of it)."""
+        import torch
+
+        if microbatch not in self._weights_due:
+            why = ("already had its weight gradients" if microbatch in self._backwarded and microbatch not in
+                   self._saved else "has had no backward_input yet")
+            raise StageError(f"{self._name}'s backward_weight({microbatch}): micro-batch {microbatch} {why} on this "
+                             "stage; call backward_input(i, grad) first, then backward_weight(i), once each.")
+        _, out = self._saved[microbatch]
+        start = time.perf_counter()
+        params = [p for p in self._module.parameters() if p.requires_grad]
+        if params:
+            torch.autograd.backward(out, self._weights_due.pop(microbatch), inputs=params)
+        else:
+            self._weights_due.pop(microbatch)
+        del self._saved[microbatch]
+        self._note("backward_weight", microbatch, start)
+
+    def _ready_for_backward(self, microbatch: int, grad: Any, where: str) -> tuple[Any, Any, Any]:
+        """The saved input and output of a micro-batch that may go backward now, and ``grad`` as a tensor."""
+        import torch
+
+        if microbatch not in self._saved or microbatch in self._weights_due:
+            done = ("already went backward" if microbatch in self._backwarded else "has not gone forward yet")
             raise StageError(f"{where}: micro-batch {microbatch} {done} on this stage; run each micro-batch's "
                              "forward, then its backward, once each.")
         inputs, out = self._saved[microbatch]
@@ -135,12 +209,7 @@ class Stage:
             grad = torch.as_tensor(grad, dtype=out.dtype).reshape(out.shape)
         else:
             self._check_tensor(grad, self.output_shape, where, "grad")
-        start = time.perf_counter()
-        torch.autograd.backward(out, grad)
-        del self._saved[microbatch]  # the activations are freed: this is what 1F1B saves
-        self._backwarded.add(microbatch)
-        self._note("backward", microbatch, start)
-        return None if inputs is None else inputs.grad
+        return inputs, out, grad
 
     def parameters(self) -> list:
         """This stage's parameters (their ``.grad`` sums every micro-batch's backward)."""
@@ -150,10 +219,21 @@ class Stage:
         """This rank's program: its steps and point-to-point calls in the order it ran them, as plain data.
 
         Needs the launch's trace (``trace=True``): the calls come from it. Each entry is
-        ``("forward", i)``, ``("backward", i)``, ``("send", peer, tag, nbytes)`` where the
-        send was posted, or ``("recv", peer, tag, nbytes)`` where the received data became
-        usable: the end of a ``recv``, or the ``wait()`` of an ``irecv``. Times
-        (``"steps"``) are seconds since the stage was made, for a wall-clock picture.
+        ``("forward", i)``, ``("backward", i)`` (or ``"backward_input"``,
+        ``"backward_weight"``), ``("send", peer, tag, nbytes)`` where the send was posted, or
+        ``("recv", peer, tag, nbytes)`` where the received data became usable: the end of a
+        ``recv``, or the ``wait()`` of an ``irecv``. Times (``"steps"``) are seconds since the
+        stage was made, for a wall-clock picture. A rank with several chunks records them
+        together with :meth:`record_all`.
+        """
+        return Stage.record_all([self])
+
+    @staticmethod
+    def record_all(stages: list["Stage"]) -> dict[str, Any]:
+        """One rank's program from all its chunks (``stages``, all on this rank), as :meth:`record` gives it.
+
+        A step of a rank with several chunks reads ``(kind, i, chunk)``; ``"alive"`` counts the
+        micro-batches whose activations the rank held after each step, over all its chunks.
         """
         from ._runtime.instrument import current
 
@@ -161,22 +241,35 @@ class Stage:
         if inst is None or not inst.tracing:
             raise StageError("Stage.record() reads this rank's sends and receives from the trace: run the "
                              "launch with trace=True.")
-        entries = [(start, ("forward" if kind == "forward" else "backward", mb)) for kind, mb, start, _ in self.steps]
+        first = stages[0]
+        if any(s.rank != first.rank or s.num_chunks != first.num_chunks for s in stages):
+            raise StageError("Stage.record_all(stages): pass the chunks of one rank, made with the same num_chunks.")
+        chunked = first.num_chunks > 1
+        born = min(s._born for s in stages)
+        steps = sorted((start, end, kind, mb, s.chunk, held) for s in stages
+                       for (kind, mb, start, end), held in zip(s.steps, s.alive))
+        entries = [(start, (kind, mb, chunk) if chunked else (kind, mb)) for start, _, kind, mb, chunk, _ in steps]
         for e in inst.events:
-            if e.start < self._born or not (e.is_send or e.is_recv):
+            if e.start < born or not (e.is_send or e.is_recv):
                 continue
             if e.is_send:
                 entries.append((e.start, ("send", e.peer, e.tag, e.nbytes or 0)))
             else:
                 entries.append((e.done, ("recv", e.peer, e.tag, e.nbytes or 0)))
         entries.sort(key=lambda item: item[0])  # one thread: the clock orders the calls as they were made
+        held_by_chunk, alive = {}, []
+        for _, _, _, _, chunk, held in steps:
+            held_by_chunk[chunk] = held
+            alive.append(sum(held_by_chunk.values()))
         return {
-            "rank": self.rank,
-            "num_stages": self.num_stages,
+            "rank": first.rank,
+            "num_stages": first.num_stages,
+            "num_chunks": first.num_chunks,
             "program": [entry for _, entry in entries],
-            "steps": [(kind, mb, start - self._born, end - self._born) for kind, mb, start, end in self.steps],
-            "alive": list(self.alive),
-            "unfinished": sorted(self._forwarded - self._backwarded),
+            "steps": [((kind, mb, chunk) if chunked else (kind, mb)) + (start - born, end - born)
+                      for start, end, kind, mb, chunk, _ in steps],
+            "alive": alive,
+            "unfinished": sorted((s.chunk, mb) if chunked else mb for s in stages for mb in s._saved),
         }
 
     def _note(self, kind: str, microbatch: int, start: float) -> None:

@@ -10,11 +10,15 @@ send carries the sender's clock; a receive sets the receiver's clock to the late
 and the message's. So each step starts as early as the rank's own order and the data it
 waited for allow, and the result depends only on what the program did, never on the machine.
 Messages pair up as in :meth:`helpers.trace.Trace.matched_messages`: the k-th send from a to b
-with a tag meets the k-th receive on b from a with that tag.
+with a tag meets the k-th receive on b from a with that tag. A split backward costs 1 for the
+input's gradient and 1 for the weights' (``backward_input``, ``backward_weight``); a rank that
+holds several chunks of the model runs each step on one of them, at the same costs.
 
 With p stages and m micro-batches, all forwards and then all backwards (GPipe) take
 (m + p - 1) x 3 units and each rank computes for 3m of them: the *bubble*, the share of
-the ranks' time spent idle, is (p - 1) / (m + p - 1).
+the ranks' time spent idle, is (p - 1) / (m + p - 1). 1F1B has the same. With v chunks per rank
+the fill and drain take p - 1 chunk-steps instead of p - 1 stage-steps: (p - 1) / (v m + p - 1).
+With the backward split, the zero-bubble schedule ZB-H1 leaves (p - 1) / (3m + p - 1).
 
 Example::
 
@@ -34,8 +38,10 @@ from typing import Any, Sequence
 
 __all__ = ["Schedule", "Step", "COSTS"]
 
-#: Logical time units of each kind of step (a backward costs about twice a forward).
-COSTS = {"forward": 1, "backward": 2}
+#: Logical time units of each kind of step (a backward costs about twice a forward; split, its two
+#: halves, the input's gradient and the weights', one each).
+COSTS = {"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}
+_LETTERS = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 @dataclass(frozen=True)
@@ -48,11 +54,13 @@ class Step:
     start: int
     end: int
     held: int | None = None  # activations the stage held after it, where the record says
+    chunk: int | None = None  # which of the rank's chunks, when it holds several
 
     @property
     def label(self) -> str:
-        """``"F3"`` or ``"B3"``."""
-        return f"{self.kind[0].upper()}{self.microbatch}"
+        """``"F3"``, ``"B3"`` (a whole or an input-gradient backward) or ``"W3"``; ``"F3b"`` on chunk 1."""
+        return f"{_LETTERS.get(self.kind, self.kind[0].upper())}{self.microbatch}" + (
+            "abcdefghij"[self.chunk] if self.chunk is not None else "")
 
 
 class Schedule:
@@ -84,7 +92,8 @@ class Schedule:
                         held = alive[r][done_steps[r]] if done_steps[r] < len(alive[r]) else None
                         start = clock[r]
                         clock[r] += self.costs[kind]
-                        self.steps.append(Step(r, kind, entry[1], start, clock[r], held))
+                        chunk = entry[2] if len(entry) > 2 else None
+                        self.steps.append(Step(r, kind, entry[1], start, clock[r], held, chunk))
                         done_steps[r] += 1
                     elif kind == "send":
                         key = (r, entry[1], entry[2])
@@ -131,6 +140,24 @@ class Schedule:
         """GPipe's bubble, (p - 1) / (m + p - 1)."""
         return Fraction(num_stages - 1, num_microbatches + num_stages - 1)
 
+    @staticmethod
+    def interleaved_bubble(num_stages: int, num_microbatches: int, num_chunks: int) -> Fraction:
+        """An interleaved schedule's bubble with v chunks per rank, (p - 1) / (v m + p - 1).
+
+        >>> Schedule.interleaved_bubble(4, 8, 2)
+        Fraction(3, 19)
+        """
+        return Fraction(num_stages - 1, num_chunks * num_microbatches + num_stages - 1)
+
+    @staticmethod
+    def zero_bubble_h1_bubble(num_stages: int, num_microbatches: int) -> Fraction:
+        """ZB-H1's bubble on this clock, (p - 1) / (3m + p - 1): a third of 1F1B's idle time.
+
+        >>> Schedule.zero_bubble_h1_bubble(4, 8)
+        Fraction(1, 9)
+        """
+        return Fraction(num_stages - 1, 3 * num_microbatches + num_stages - 1)
+
     def for_rank(self, rank: int) -> list[Step]:
         """Rank ``rank``'s steps, in the order it ran them."""
         return [s for s in self.steps if s.rank == rank]
@@ -139,12 +166,13 @@ class Schedule:
         """The most micro-batches' activations rank ``rank`` held at once (from its record)."""
         return max((s.held or 0 for s in self.for_rank(rank)), default=0)
 
-    def lanes(self, width: int = 3) -> str:
+    def lanes(self, width: int | None = None) -> str:
         """A text picture: one line per stage, one column per unit (``.`` = idle).
 
         >>> print(Schedule([{"rank": 0, "num_stages": 1, "program": [("forward", 0), ("backward", 0)]}]).lanes())
         stage 0 | F0 B0 B0
         """
+        width = width or 1 + max((len(s.label) for s in self.steps), default=2)
         rows = []
         for r in range(self.num_stages):
             cells = ["." .ljust(width - 1)] * self.makespan
@@ -164,23 +192,32 @@ class Schedule:
         own = ax is None
         if own:
             fig, ax = plt.subplots(figsize=(min(14, 1.5 + 0.35 * self.makespan), 0.8 + 0.55 * self.num_stages))
-        colors = {"forward": "#9ecae1", "backward": "#3182bd"}
+        colors = {"forward": "#9ecae1", "backward": "#3182bd", "backward_input": "#3182bd",
+                  "backward_weight": "#31a354"}
         for r in range(self.num_stages):
             ax.barh(r, self.makespan, left=0, height=0.6, color="white", hatch="///", edgecolor="#bbbbbb", linewidth=0)
             for s in self.for_rank(r):
                 ax.barh(r, s.end - s.start, left=s.start, height=0.6, color=colors.get(s.kind, "#cccccc"),
-                        edgecolor="black", linewidth=0.5)
-                ax.text((s.start + s.end) / 2, r, str(s.microbatch), ha="center", va="center", fontsize="small",
-                        color="white" if s.kind == "backward" else "black")
+                        edgecolor="black", linewidth=0.5, alpha=0.55 if s.chunk else 1.0)
+                ax.text((s.start + s.end) / 2, r, s.label[1:] if s.chunk is not None else str(s.microbatch),
+                        ha="center", va="center", fontsize="small",
+                        color="white" if s.kind in ("backward", "backward_input") and not s.chunk else "black")
         ax.set_yticks(range(self.num_stages))
         ax.set_yticklabels([f"stage {r}" for r in range(self.num_stages)])
         ax.set_ylim(self.num_stages - 0.5, -0.5)
         ax.set_xlim(0, self.makespan)
         ax.set_xlabel("logical time (a forward = 1 unit, a backward = 2)")
         ax.set_title(title or f"{self.num_stages} stages: bubble {self.bubble} = {float(self.bubble):.0%} of the time")
-        ax.legend(handles=[Patch(color=colors["forward"], label="forward"), Patch(color=colors["backward"], label="backward"),
-                           Patch(facecolor="white", hatch="///", edgecolor="#bbbbbb", label="idle (bubble)")],
-                  loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        kinds = {s.kind for s in self.steps}
+        handles = [Patch(color=colors["forward"], label="forward"),
+                   Patch(color=colors["backward"], label="backward (input's gradient)" if "backward_weight" in kinds
+                         else "backward")]
+        if "backward_weight" in kinds:
+            handles.append(Patch(color=colors["backward_weight"], label="weights' gradient"))
+        if any(s.chunk for s in self.steps):
+            handles.append(Patch(facecolor="#cccccc", alpha=0.55, label="paler: a later chunk"))
+        handles.append(Patch(facecolor="white", hatch="///", edgecolor="#bbbbbb", label="idle (bubble)"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
         if own:
             fig.tight_layout()
             plt.close(fig)

@@ -144,6 +144,7 @@ def test_points_per_lesson_are_unchanged():
         "10.1": {"forward": 2, "backward": 2, "communication": 2, "shards": 1},
         "10.2": {"gradients": 3, "messages": 2, "bubble": 3, "no_hang": 1},
         "10.3": {"gradients": 1, "memory": 1, "bubble": 1},
+        "10.4": {"gradients": 1, "bubble": 1},
     }
 
 
@@ -709,6 +710,62 @@ class _RingShardedOptimizer:
             offset += q.numel()
 
 
+class _SubclassShardedOptimizer(torch.optim.Optimizer):
+    """ZeRO-1 as a torch optimizer (schedulers and state_dict see its param_groups), stepping an inner one."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.params = list(params)
+        super().__init__(self.params, kwargs)
+        self.p, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(q.numel() for q in self.params)
+        self.shard = -(-self.numel // self.p)
+        flat = self._flatten([q.detach() for q in self.params])
+        self.local = torch.nn.Parameter(flat[self.rank * self.shard:(self.rank + 1) * self.shard].clone())
+        self.inner = optimizer_cls([self.local], **kwargs)
+
+    def _flatten(self, tensors):
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.nn.functional.pad(flat, (0, self.shard * self.p - self.numel))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = self._flatten([q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params])
+        mean = torch.empty_like(self.local)
+        dist.reduce_scatter_tensor(mean, grads)
+        self.local.grad = mean / self.p
+        self.inner.step()
+        flat = torch.empty_like(grads)
+        dist.all_gather_into_tensor(flat, self.local.detach())
+        offset = 0
+        for q in self.params:
+            q.copy_(flat[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+
+
+class _GathersGradients:
+    """Right numbers, not ZeRO-1: all-gathers the averaged gradients, then every rank steps the whole model."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.params = list(params)
+        self.p, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(q.numel() for q in self.params)
+        self.shard = -(-self.numel // self.p)
+        self.optimizer = optimizer_cls(self.params, **kwargs)
+
+    @torch.no_grad()
+    def step(self):
+        flat = torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1) for q in self.params])
+        flat = torch.nn.functional.pad(flat, (0, self.shard * self.p - self.numel))
+        mine = torch.empty(self.shard, dtype=flat.dtype)
+        dist.reduce_scatter_tensor(mine, flat)
+        dist.all_gather_into_tensor(flat, mine / self.p)      # the mean gradient, whole, on every rank
+        offset = 0
+        for q in self.params:
+            q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
+            offset += q.numel()
+        self.optimizer.step()                                 # every rank steps everything
+
+
 class _WrapsZeroRedundancy:
     def __init__(self, params, optimizer_cls, **kwargs):
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -745,6 +802,21 @@ def test_9_1_accepts_a_hand_made_ring_and_refuses_torchs_own_sharding(factory):
     with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own FSDP on 1 rank.*fully_shard is switched "
                                              r"off here: Exercise 9.1 asks you to build the sharded optimizer"):
         ex.grade(_ANSWERS["_UsesFullyShard"], "sgd")
+
+
+def test_9_1_judges_the_state_held_and_what_the_all_gather_carries(factory):
+    """Does a ZeRO-1 that subclasses torch.optim.Optimizer (its param_groups list the whole model, an inner optimizer
+    steps its shard) earn every part, and does one that all-gathers the averaged gradients and steps the whole model
+    on every rank, right numbers and right call sizes, lose "state" and "traffic", each saying why?"""
+    ex = exercise("9.1")
+    for part in ("sgd", "adamw", "state", "traffic"):
+        ex.grade(_ANSWERS["_SubclassShardedOptimizer"], part)
+    ex.grade(_ANSWERS["_GathersGradients"], "sgd")
+    with pytest.raises(GradingFailure, match=r"optimizer keeps state for \d+ elements, the whole model"):
+        ex.grade(_ANSWERS["_GathersGradients"], "state")
+    with pytest.raises(GradingFailure, match=r"the all-gather carried \d+ values that are not a slice of the parameters"
+                                             r".*ZeRO-1 gathers the \*updated parameters\*"):
+        ex.grade(_ANSWERS["_GathersGradients"], "traffic")
 
 
 def test_a_missing_function_is_named():

@@ -1,11 +1,12 @@
 """Lesson 09 graded end to end with the real nbgrader: realistic wrong ShardedOptimizers lose the right parts.
 
-A temporary copy of the course receives five learners' versions of lesson 09 and is graded
-with `python -m autograder grade`, the instructor's command: the instructor's ZeRO-1, and
-four mistakes made from it, each a few lines away from the answer: state not sharded (every
-rank keeps a copy of all the parameters, all-reduces and steps it: DDP with extra steps),
-gradients summed instead of averaged, updated shards never gathered, and an inner optimizer
-that steps the whole model besides the shard.
+A temporary copy of the course receives six learners' versions of lesson 09 and is graded
+with `python -m autograder grade`, the instructor's command: the instructor's ZeRO-1, the same
+as a subclass of ``torch.optim.Optimizer`` (full marks too), and four mistakes made from it,
+each a few lines away from the answer: state not sharded (every rank keeps a copy of all the
+parameters, all-reduces and steps it: DDP with extra steps), gradients summed instead of
+averaged, updated shards never gathered, and an inner optimizer that steps the whole model
+besides the shard.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ MISTAKES = {
     # The inner optimizer gets the model's parameters too, so every rank steps the whole model.
     "eve": (("self.optimizer = optimizer_cls([self.local], **kwargs)",
              "self.optimizer = optimizer_cls([self.local] + self.params, **kwargs)"),),
+    # Right, in another shape: a torch optimizer itself (schedulers and state_dict see every parameter), whose
+    # own param_groups list the whole model while its inner optimizer steps the shard.
+    "fay": (("class ShardedOptimizer:", "class ShardedOptimizer(torch.optim.Optimizer):"),
+            ("        self.params = list(params)\n",
+             "        self.params = list(params)\n        super().__init__(self.params, kwargs)\n"),
+            ("    def step(self):", "    def step(self, closure=None):")),
 }
 # What each learner hands in (tests/conftest.py grades them with the session's other learners):
 # amy the instructor's answer, the others their mistake.
@@ -72,6 +79,12 @@ def test_a_whole_model_step_loses_only_the_state_part(graded_lesson):
     """Does an inner optimizer that also steps every model parameter lose the state part alone, and say so?"""
     assert graded_lesson.scores("eve") == {**graded_lesson.points, "state": 0}
     graded_lesson.check_feedback("eve", "the whole model")
+
+
+def test_a_subclass_of_torchs_optimizer_earns_full_marks(graded_lesson):
+    """Does a correct ShardedOptimizer that subclasses torch.optim.Optimizer (the whole model in its own
+    param_groups, the shard stepped by an inner optimizer) earn every point, "state" included?"""
+    assert graded_lesson.scores("fay") == graded_lesson.points
 
 
 def test_grading_run_records_every_learner(graded_lesson):

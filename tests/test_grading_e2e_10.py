@@ -11,7 +11,7 @@ from the answer:
 - dee: g made with ``torch.distributed.nn.functional.all_reduce``, whose backward sums again;
   a "pipeline" that runs each micro-batch's forward and backward before the next one's; no 1F1B;
 - eli: fc1 split along its input features (the columns of ``nn.Linear.weight``); a 1F1B that
-  runs every forward first.
+  runs every forward first; two chunks per rank taken one micro-batch at a time (10.4).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow  # every test reads the graded class
 
 LESSON = "10-model-parallelism"
 TP, GPIPE, ONE_F_ONE_B = "ex10_1-tensorparallelmlp", "ex10_2-gpipe-step", "ex10_3-one-f-one-b-step"
+INTERLEAVED = "ex10_4-interleaved-step"
 G_OUTPUT = "        return ReduceFromTensorParallel.apply(F.linear(h, self.w2)) + self.b2"
 
 # A GPipe that is no pipeline: each micro-batch goes forward and backward before the next starts.
@@ -49,14 +50,39 @@ def gpipe_step(stage, microbatches):
 '''
 
 
-def _answers(tp=(), gpipe=(), one_f_one_b=(), *, gpipe_source=None, skip=()):
+# Two chunks per rank, but one micro-batch at a time through both and back: right gradients, no pipelining.
+INTERLEAVED_ONE_AT_A_TIME = '''# Exercise 10.4: (optional) an interleaved schedule
+def interleaved_step(stages, microbatches):
+    m = len(microbatches)
+    for i, (inputs, targets) in enumerate(microbatches):
+        for stage in stages:
+            x = inputs
+            if not stage.is_first:
+                x = torch.empty(stage.input_shape)
+                dist.recv(x, src=stage.prev_rank)
+            y = stage.forward(i, x, targets if stage.is_last else None)
+            if not stage.is_last:
+                dist.send(y, dst=stage.next_rank)
+        for stage in reversed(stages):
+            grad = 1.0 / m
+            if not stage.is_last:
+                grad = torch.empty(stage.output_shape)
+                dist.recv(grad, src=stage.next_rank)
+            g = stage.backward(i, grad)
+            if not stage.is_first:
+                dist.send(g, dst=stage.prev_rank)
+'''
+
+
+def _answers(tp=(), gpipe=(), one_f_one_b=(), *, gpipe_source=None, interleaved_source=None, skip=()):
     cells = {TP: variant(LESSON, TP, *tp), GPIPE: gpipe_source or variant(LESSON, GPIPE, *gpipe),
-             ONE_F_ONE_B: variant(LESSON, ONE_F_ONE_B, *one_f_one_b)}
+             ONE_F_ONE_B: variant(LESSON, ONE_F_ONE_B, *one_f_one_b),
+             INTERLEAVED: interleaved_source or solution_source(LESSON, INTERLEAVED)}
     return {grade_id: source for grade_id, source in cells.items() if grade_id not in skip}
 
 
 HANDED_IN = {LESSON: {
-    "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (TP, GPIPE, ONE_F_ONE_B)},
+    "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (TP, GPIPE, ONE_F_ONE_B, INTERLEAVED)},
     "ben": _answers(tp=(("        grad = grad.clone()               # all_reduce works in place: leave autograd's tensor "
                          "alone\n        dist.all_reduce(grad)             # each rank's fc1 block gave only its part of "
                          "dL/dx\n", ""),)),
@@ -67,7 +93,8 @@ HANDED_IN = {LESSON: {
                     gpipe_source=ONE_AT_A_TIME, skip=(ONE_F_ONE_B,)),
     "eli": _answers(tp=(("fc1.weight.detach()[mine].clone()", "fc1.weight.detach().chunk(world_size, dim=1)[rank].clone()"),
                         ("fc2.weight.detach()[:, mine].clone()", "fc2.weight.detach().chunk(world_size, dim=0)[rank].clone()")),
-                    one_f_one_b=(("    warmup = min(stage.num_stages - stage.rank - 1, m)\n", "    warmup = m\n"),)),
+                    one_f_one_b=(("    warmup = min(stage.num_stages - stage.rank - 1, m)\n", "    warmup = m\n"),),
+                    interleaved_source=INTERLEAVED_ONE_AT_A_TIME),
 }}
 
 
@@ -104,9 +131,12 @@ def test_a_summing_g_and_a_pipeline_that_never_fills_are_named(graded_lesson):
 
 
 def test_a_split_along_the_wrong_dimension_and_a_gpipe_order_in_1f1b_are_named(graded_lesson):
-    """Does fc1 split by its input features lose all of 10.1, naming the dimension, and a 1F1B that runs every forward first the memory part?"""
-    _lose(graded_lesson, "eli", "10.1/forward", "10.1/backward", "10.1/communication", "10.1/shards", "10.3/memory")
-    graded_lesson.check_feedback("eli", "along the wrong dimension", "in 1F1B stage s holds at most p - s")
+    """Does fc1 split by its input features lose all of 10.1, naming the dimension, a 1F1B that runs every forward
+    first the memory part, and two chunks taken one micro-batch at a time 10.4's bubble, with its formula?"""
+    _lose(graded_lesson, "eli", "10.1/forward", "10.1/backward", "10.1/communication", "10.1/shards", "10.3/memory",
+          "10.4/bubble")
+    graded_lesson.check_feedback("eli", "along the wrong dimension", "in 1F1B stage s holds at most p - s",
+                                 "a bubble of (p - 1) / (v m + p - 1)")
 
 
 def test_grading_run_records_every_learner(graded_lesson):

@@ -91,11 +91,30 @@ def make_answer(total):
             h = F.gelu(F.linear(Copy.apply(x), self.w1, self.b1))
             return self.g(F.linear(h, self.w2)) + self.b2
 
+    MLP.Copy, MLP.Reduce = Copy, Reduce
     return MLP
+
+
+def _sum_unless_alone(t):
+    """Megatron's way: on one rank there is nothing to add, so no call is made."""
+    if dist.get_world_size() == 1:
+        return t
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
 
 
 FunctionalMLP = make_answer(_functional_sum)
 ProcessGroupMLP = make_answer(_process_group_sum)
+SkipsAlone = make_answer(_sum_unless_alone)
+
+
+class SwappedFG(make_answer(_sum_unless_alone)):
+    """g before fc1 and f after fc2: the input summed in forward, the output's gradient in backward."""
+
+    def forward(self, x):
+        h = F.gelu(F.linear(self.Reduce.apply(x), self.w1, self.b1))
+        return self.Copy.apply(F.linear(h, self.w2)) + self.b2
 
 
 class FunctionalWithoutG(FunctionalMLP):
@@ -111,6 +130,26 @@ def gathers_activations(stage, microbatches):
     import torch.distributed._functional_collectives as funcol
 
     funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD)
+
+
+def one_at_a_time(stages, microbatches):
+    """Two chunks, one micro-batch at a time through both and back: right gradients, no pipeline."""
+    m = len(microbatches)
+    for i, (inputs, targets) in enumerate(microbatches):
+        for stage in stages:
+            x = inputs if stage.is_first else torch.empty(stage.input_shape)
+            if not stage.is_first:
+                dist.recv(x, src=stage.prev_rank)
+            y = stage.forward(i, x, targets if stage.is_last else None)
+            if not stage.is_last:
+                dist.send(y, dst=stage.next_rank)
+        for stage in reversed(stages):
+            grad = 1.0 / m if stage.is_last else torch.empty(stage.output_shape)
+            if not stage.is_last:
+                dist.recv(grad, src=stage.next_rank)
+            g = stage.backward(i, grad)
+            if not stage.is_first:
+                dist.send(g, dst=stage.prev_rank)
 
 
 def torch_pipeline(stage, microbatches):
@@ -142,6 +181,33 @@ def test_10_1_counts_an_all_reduce_however_it_is_made(factory, answer):
         ex.grade(_ANSWERS[answer], part)
 
 
+def test_10_1_accepts_no_call_on_one_rank_and_names_swapped_f_and_g(factory):
+    """Does an answer that skips the all-reduces on one rank (nothing to add there) earn every part, and does one
+    with f and g swapped (the input summed in forward: the output and the input differ in width, so the trace
+    tells) lose the communication part, saying so?"""
+    ex = exercise("10.1")
+    for part in ("forward", "backward", "communication", "shards"):
+        ex.grade(_ANSWERS["SkipsAlone"], part)
+    with pytest.raises(GradingFailure, match=r"communication: on 2 ranks, float64, rank \d's forward made all_reduce of "
+                                             r"\d+ bytes; it should make exactly one all-reduce, of fc2's output \(g\).*"
+                                             r"Are f and g swapped\?"):
+        ex.grade(_ANSWERS["SwappedFG"], "communication")
+
+
+def test_10_2_refuses_the_1f1b_order(factory):
+    """Does a 1F1B schedule, right in gradients, messages and bubble, lose 10.2's bubble part, saying that GPipe runs
+    every forward before any backward?"""
+    from autograder.lessons.reference import one_f_one_b_step
+
+    ex = exercise("10.2")
+    ex.grade(one_f_one_b_step, "gradients")
+    ex.grade(one_f_one_b_step, "messages")
+    with pytest.raises(GradingFailure, match=r"bubble: with \d stages and \d micro-batches, stage \d ran micro-batch \d's "
+                                             r"backward before micro-batch \d's forward\. GPipe runs every micro-batch "
+                                             r"forward, then every one backward"):
+        ex.grade(one_f_one_b_step, "bubble")
+
+
 @needs_public_functional
 def test_10_1_names_an_all_reduce_that_autograd_differentiates_by_itself(factory):
     """Does a g left to the functional all-reduce's own backward (a second sum) lose the communication part, with
@@ -166,3 +232,18 @@ def test_pipeline_exercises_refuse_torchs_pipelining_and_functional_gathers(fact
                                              r"\.all_gather_tensor is switched off here") as info:
         ex.grade(_ANSWERS["gathers_activations"], "gradients")
     assert ex.forbid_reason in str(info.value)
+
+
+def test_10_4_earns_both_parts_with_a_breadth_first_schedule_and_names_one_that_does_not_pipeline(factory):
+    """Does the breadth-first interleaved schedule earn 10.4's gradients and bubble, and does one that takes each
+    micro-batch through both chunks and back before the next (right gradients) lose the bubble, quoting the formula
+    and showing its steps?"""
+    from autograder.lessons.reference import interleaved_step
+
+    ex = exercise("10.4")
+    ex.grade(interleaved_step, "gradients")
+    ex.grade(interleaved_step, "bubble")
+    ex.grade(_ANSWERS["one_at_a_time"], "gradients")
+    with pytest.raises(GradingFailure, match=r"(?s)bubble: with 2 stages and 4 micro-batches, 2 chunks per rank: .*a "
+                                             r"bubble of \(p - 1\) / \(v m \+ p - 1\) = 1/9\..*stage 0 \| F0a"):
+        ex.grade(_ANSWERS["one_at_a_time"], "bubble")

@@ -72,6 +72,30 @@ EXPECTED_OUTPUTS = {
     ],
     # Lesson 09's prose quotes these numbers (DTensor's own collectives in the trace); older torch says "Skipped".
     "09-sharding": [
+        # Section 1: why the float32 slope lands on the formula, and the 20 bytes with a float32 gradient buffer.
+        ("def held_after_forward(", r"(?m)^float32 +batch.*-> 6,912 bytes per sample|Skipped|not run while"),
+        ("main_grad = ", r"total +1,588,224 bytes = 16 x N\n.*= 20 x N|Skipped|not run while"),
+        # A transformer block: the formula 4bs(16h + 4 + as), the fused kernel's log-sum-exp instead of the scores.
+        ("def block_held(", r"256 +4,202,496 +4,202,\d\d\d +2,113,536 +2,1\d\d,\d\d\d|Skipped|not run while"),
+        # The DTensor primer: what each placement change costs.
+        ("def dtensor_tour(", r"full_tensor\(\) +rank 1 made: all_gather\w* \(8 B, functional\)|Skipped"),
+        ("def dtensor_tour(", r"Partial -> Replicate\(\) +rank 1 made: all_reduce \(32 B, functional\)|Skipped"),
+        ("def dtensor_tour(", r"Partial -> Shard\(0\) +rank 1 made: reduce_scatter\w* \(32 B, functional\)|Skipped"),
+        # reshard_after_forward as an int: the backward gathers within pairs, half of every block held.
+        ("def fsdp_step(", r"reshard_after_forward=2 +: 6 all-gathers \(3 of them within a pair of ranks\).*198,528 = 4N/2|Skipped"),
+        # The reduce_dtype trap: left unset, the reduce-scatter runs in bfloat16.
+        ("bf16 params, reduce_dtype unset", r"reduce_dtype unset: +\[.*\('reduce_scatter\w*', 'bfloat16', 66176\)\]|Skipped"),
+        # Prefetching, in the order the calls were issued.
+        ("def issue_order(", r"default +AG F0 AG F1 AG F2 B2 AG AG RS B1 AG RS B0 RS|Skipped"),
+        ("def issue_order(", r"forward prefetch +AG AG F0 AG F1 F2 B2 AG AG RS|Skipped"),
+        # HSDP on a 2 x 2 mesh, and gradient accumulation without a sync each micro-batch.
+        ("def hsdp_steps(", r"HSDP: blocks\[0\]\[0\]\.weight \(Replicate\(\), Shard\(dim=0\)\), local \(128, 64\); after 2 SGD "
+                            r"steps, largest difference from one process: (\d\.\de-0[6-9]|\d\.\de-1\d|0\.0e\+00)|Skipped"),
+        ("def hsdp_steps(", r"all_reduce over \[0, 2\] x6|Skipped"),
+        ("def hsdp_steps(", r"reduced after each: 12 reduce-scatters.*\n.*reduced with the last only: 3 reduce-scatters|Skipped"),
+        # FSDP2's chunks of a 5-row weight on 4 ranks, and the padded all-gather.
+        ("def padded(", r"local shards of a 5 x 3 weight on 4 ranks: \[\(2, 3\), \(2, 3\), \(1, 3\), \(0, 3\)\]\n"
+                        r".*\[32, 32, 32, 32\]|Skipped"),
         ("def clip_then_gather(", r"all_reduce +48 bytes of float32, via='functional'|Skipped"),
         ("def clip_then_gather(", r"all_gather_into_tensor +16,384 bytes of float32, via='functional'|Skipped"),
         # The GPU route: one rank per GPU over nccl where there are GPUs, the same training as one process.
@@ -95,6 +119,16 @@ EXPECTED_OUTPUTS = {
         ("def torch_pipeline(", r"GPipe: each stage's gradient / one process's: \[1\.0, 1\.0, 1\.0, 1\.0\]|Skipped"),
         ("loss_fn = mean, scale_grads=True (the default)", r"mean / m, scale_grads=True +gradient / one process's = 0\.2500|Skipped"),
         ("def moe_layer(", r"every token came back through its expert: \[True, True, True, True\]"),
+        ("def moe_layer(", r"the router's gradient norm on each rank \(through the gates\): \[0\.0*[1-9]"),
+        # Section 8: parallelize_module then fully_shard on a 2 x 2 mesh, against one process.
+        ("def two_d_torch(", r"rank 3: fc1\.weight .*local \(4, 8\) of \(16, 8\); after 3 SGD steps, largest difference from "
+                             r"one process: (\d\.\de-0[6-9]|0\.0e\+00)|Skipped"),
+        ("nodes, gpus_per_node, shape", r"its data-parallel peer: 8 \(node 1\) \| its pipeline peer: 16 \(node 2\)"),
+        # Past 1F1B: two chunks per rank, and ZB-H1's split backward, on the clock; torch's own chunked schedules.
+        ("def zero_bubble_step(", r"interleaved, 2 chunks +57 units, bubble 3/19 +\(formula 3/19\)"),
+        ("def zero_bubble_step(", r"ZB-H1 +27 units, bubble 1/9 +\(formula 1/9\); most activations held on a rank: 4"),
+        ("def torch_chunked(", r"ScheduleInterleavedZeroBubble: each chunk's gradient / one process's, rank by rank: "
+                               r"\[\[1\.0, 1\.0\], \[1\.0, 1\.0\]\]|Skipped"),
         ("def rpc_split_model(", r"rank 0's loss over 5 steps: \[[\d., ]+\]"),
     ],
 }

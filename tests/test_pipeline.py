@@ -145,3 +145,131 @@ def test_a_stage_used_wrongly_says_how(what, says):
     from helpers import launch
 
     assert says in launch(_misuse, 1, args=(what,), output="quiet", timeout=60)[0]
+
+
+# -- past 1F1B: chunks and a split backward ------------------------------------------------------
+
+
+def _chunked_rank(rank, world_size, m):
+    import torch
+
+    from autograder.lessons.reference import interleaved_step
+    from helpers.pipeline import Stage
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4) for _ in range(2 * world_size)]
+    stages = [Stage(layers[c * world_size + rank], (2, 4), (2, 4), chunk=c, num_chunks=2) for c in range(2)]
+    g = torch.Generator().manual_seed(1)
+    interleaved_step(stages, [(torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)) for _ in range(m)])
+    wiring = [(s.piece, s.is_first, s.is_last, s.prev_rank, s.next_rank) for s in stages]
+    return Stage.record_all(stages), wiring
+
+
+def test_chunks_are_wired_as_pieces_of_the_model_and_replay_to_the_interleaved_bubble():
+    """With 2 chunks per rank on 3 ranks, is chunk c of rank r piece 3c + r (rank 2's chunk 0 sending on to rank 0's
+    chunk 1), and does a breadth-first run of 3 micro-batches replay to (p - 1) / (v m + p - 1) = 2/8?"""
+    from helpers import launch
+
+    replies = launch(_chunked_rank, 3, args=(3,), trace=True, output="quiet", timeout=60)
+    wiring = [w for _, w in replies]
+    assert wiring[0] == [(0, True, False, None, 1), (3, False, False, 2, 1)]
+    assert wiring[2] == [(2, False, False, 1, 0), (5, False, True, 1, None)]
+    run = Schedule([record for record, _ in replies])
+    assert run.bubble == Schedule.interleaved_bubble(3, 3, 2) == Fraction(2, 8) and not run.unmatched
+    assert {s.label for s in run.for_rank(0)} >= {"F0a", "F0b", "B2a", "B2b"}
+
+
+def _split_rank(rank, world_size, split):
+    import torch
+
+    from helpers.pipeline import Stage, StageError
+
+    torch.manual_seed(0)
+    stage = Stage(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh()), (2, 3), (2, 3), rank=1, num_stages=3)
+    x = torch.randn(2, 3)
+    stage.forward(0, x)
+    grad = torch.randn(2, 3)
+    if not split:
+        got = stage.backward(0, grad)
+        return got, [p.grad.clone() for p in stage.parameters()], None
+    got = stage.backward_input(0, grad)
+    before = [p.grad for p in stage.parameters()]            # no weight gradient yet
+    try:
+        stage.backward(0, grad)
+        twice = "no error"
+    except StageError as err:
+        twice = str(err)
+    stage.backward_weight(0)
+    try:
+        stage.backward_weight(0)
+    except StageError as err:
+        twice += " | " + str(err)
+    return got, [p.grad.clone() for p in stage.parameters()], (before, twice, stage.held)
+
+
+def test_a_split_backward_gives_the_whole_backwards_gradients_in_two_halves():
+    """Does backward_input return the input's gradient at once with no weight gradient yet, and backward_weight then
+    add exactly the weight gradients one backward gives, freeing the activations; is each half refused twice?"""
+    import torch
+
+    from helpers import launch
+
+    whole_input, whole_weights, _ = launch(_split_rank, 1, args=(False,), output="quiet", timeout=60)[0]
+    got_input, got_weights, (before, twice, held) = launch(_split_rank, 1, args=(True,), output="quiet", timeout=60)[0]
+    assert torch.equal(got_input, whole_input)
+    assert before == [None, None] and held == 0
+    assert all(torch.allclose(a, b) for a, b in zip(got_weights, whole_weights))
+    assert "already went backward" in twice and "already had its weight gradients" in twice, twice
+
+
+def _zero_bubble_rank(rank, world_size, m):
+    import torch
+    import torch.distributed as dist
+
+    from helpers.pipeline import Stage
+
+    torch.manual_seed(0)
+    layer = [torch.nn.Linear(4, 4) for _ in range(world_size)][rank]
+    stage = Stage(layer, (2, 4), (2, 4))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)) for _ in range(m)]
+    requests, postponed, s, p = [], [], stage.rank, stage.num_stages
+
+    def forward(i):
+        x = batches[i][0] if stage.is_first else torch.empty(2, 4)
+        if not stage.is_first:
+            dist.recv(x, src=stage.prev_rank)
+        y = stage.forward(i, x, batches[i][1] if stage.is_last else None)
+        if not stage.is_last:
+            requests.append(dist.isend(y, dst=stage.next_rank))
+
+    warmup = min(p - s - 1, m)
+    for i in range(warmup):
+        forward(i)
+    for i in range(m):
+        if warmup + i < m:
+            forward(warmup + i)
+        grad = 1.0 / m if stage.is_last else torch.empty(2, 4)
+        if not stage.is_last:
+            dist.recv(grad, src=stage.next_rank)
+        back = stage.backward_input(i, grad)
+        if not stage.is_first:
+            requests.append(dist.isend(back, dst=stage.prev_rank))
+        postponed.append(i)
+        if i >= s:
+            stage.backward_weight(postponed.pop(0))
+    for i in postponed:
+        stage.backward_weight(i)
+    for request in requests:
+        request.wait()
+    return stage.record()
+
+
+def test_zero_bubble_h1_replays_to_a_third_of_1f1bs_idle_time():
+    """Does ZB-H1 (1F1B's order, backward split, stage s postponing its first s weight gradients) on 3 stages and 6
+    micro-batches replay to (p - 1) / (3m + p - 1) = 1/10, with W steps in the picture?"""
+    from helpers import launch
+
+    run = Schedule(list(launch(_zero_bubble_rank, 3, args=(6,), trace=True, output="quiet", timeout=60)))
+    assert run.bubble == Schedule.zero_bubble_h1_bubble(3, 6) == Fraction(1, 10) and not run.unmatched
+    assert run.makespan == 3 * 6 + 2 and "W5" in run.lanes()

@@ -11,6 +11,13 @@ The learner writes an optimizer wrapper that shards the optimizer state:
   the ranks of its own slice, steps its slice, and all-gathers the updated slices into
   every rank's parameters.
 
+What each part judges: "sgd" and "adamw" the parameters after ten steps; "state" the optimizer
+state each rank holds (:func:`~autograder.lessons.shardcheck.optimizer_state`: the state its
+optimizers keep, and the elements they keep it for, whether the class wraps an optimizer or
+subclasses ``torch.optim.Optimizer`` and steps an inner one); "traffic" the calls of each
+``step()`` and what its all-gather carried (the updated parameters, not the averaged gradients:
+:func:`~autograder.lessons.shardcheck.gathered_problem`).
+
 How the checks judge: everything runs in fresh rank processes, with data drawn at grading
 time, against one process that trains the same model on the whole batch with the unsharded
 optimizer. The model's head shares the embedding's weight (tied weights) and its parameter
@@ -141,7 +148,7 @@ def _state(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
                 attempt.fail(f"{where}: rank {rank}'s ShardedOptimizer holds no torch optimizer in its attributes; "
                              "build optimizer_cls(**kwargs) over this rank's shard and keep it (self.optimizer = ...).")
             if state["stepped"] > shard:
-                attempt.fail(f"{where}: rank {rank}'s optimizer steps {state['stepped']} elements, "
+                attempt.fail(f"{where}: rank {rank}'s optimizer keeps state for {state['stepped']} elements, "
                              f"{'the whole model' if state['stepped'] >= numel else 'more than its shard'}; each rank "
                              f"should step only its shard of ceil(N/p) = {shard} elements and leave the rest to the "
                              "rank that owns it.")
@@ -159,8 +166,8 @@ def _traffic(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
         replies = _run(attempt, world, case)
         numel = replies[0]["numel"]
         for rank, reply in enumerate(replies):
-            for step, calls in enumerate(reply["calls"]):
-                problem = exchange_problem(calls, numel, world)
+            for step, (calls, carried) in enumerate(zip(reply["calls"], reply["carried"])):
+                problem = exchange_problem(calls, numel, world) or carried
                 if problem:
                     made = ", ".join(f"{op} ({n} B)" for op, n, send in calls) or "no call"
                     attempt.fail(f"on {plural(world, 'rank')} with {numel} float32 parameters, step {step + 1}, "
@@ -175,7 +182,8 @@ def _self_check(attempt: Attempt) -> str:
     return ("Self-check passed on 2 and 3 ranks: ten steps of SGD with momentum and of AdamW leave every rank with "
             "the parameters of one process using the unsharded optimizer (tied weights, a parameter count that does "
             "not divide by the world size), each rank's optimizer holds only its shard's state, and each step makes "
-            "one reduce-scatter and one all-gather of the right sizes. The hidden tests also try 1 and 4 ranks.")
+            "one reduce-scatter and one all-gather of the right sizes, the all-gather carrying the updated parameters. "
+            "The hidden tests also try 1 and 4 ranks.")
 
 
 exercise_9_1 = Exercise(
@@ -189,7 +197,7 @@ exercise_9_1 = Exercise(
                          "weights, N not divisible by p.", _adamw),
         Part("state", 2, "each rank's optimizer holds the state of at most ceil(N/p) elements.", _state),
         Part("traffic", 3, "each step makes one reduce-scatter-shaped and one all-gather-shaped exchange of the "
-                           "right sizes.", _traffic),
+                           "right sizes, and the all-gather carries the updated parameters.", _traffic),
     ),
     visible_check=_self_check,
     forbid=(ZERO, FSDP),  # every collective stays on: the exercise is built from them

@@ -12,6 +12,9 @@
   logical clock: (p - 1) / (m + p - 1) (:mod:`autograder.lessons.pipecheck`).
 - 10.3 (optional) ``one_f_one_b_step(stage, microbatches)``: the same step in the 1F1B order,
   holding at most p - s micro-batches' activations on stage s, with the same bubble.
+- 10.4 (optional) ``interleaved_step(stages, microbatches)``: each rank holds two chunks of a
+  model of 2p layers (chunk c of rank r is layer c * p + r); any order whose bubble on the
+  logical clock is (p - 1) / (2m + p - 1), with the gradients of one process.
 
 How the checks judge: every run is on fresh ranks with layers and data drawn at grading time.
 10.1 runs with DTensor switched off (``forbid=DTENSOR``: DeviceMesh, DTensor and
@@ -41,10 +44,11 @@ from helpers import COLLECTIVES, DTENSOR, PIPELINING
 
 from .kit import Attempt, Exercise, Part, fresh_seed
 from .pieces import by_world_size
-from .pipecheck import judge_bubble, judge_gradients, judge_memory, judge_messages, pipeline_worker
+from .pipecheck import (judge_bubble, judge_chunk_gradients, judge_gradients, judge_interleaved_bubble, judge_memory,
+                        judge_messages, pipeline_worker)
 from .tpcheck import SIZES, judge_backward, judge_communication, judge_forward, judge_shards, mlp_worker
 
-__all__ = ["EXERCISES", "exercise_10_1", "exercise_10_2", "exercise_10_3"]
+__all__ = ["EXERCISES", "exercise_10_1", "exercise_10_2", "exercise_10_3", "exercise_10_4"]
 
 TIMEOUT = 10.0  # a correct answer takes well under a second; the rest is room for a loaded machine
 NO_HANG_TIMEOUT = 6.0
@@ -53,6 +57,9 @@ TP_CASES = ((1, "float64"), (2, "float64"), (2, "float32"), (4, "float64"))
 # Exercises 10.2 and 10.3: (stages, micro-batches).
 GPIPE_CASES = ((2, 1), (2, 4), (3, 3), (3, 5), (4, 3))
 ONE_F_ONE_B_CASES = ((2, 4), (3, 6), (4, 8))
+# Exercise 10.4: (stages, micro-batches), two chunks per rank; m a multiple of p, as Megatron's schedule needs.
+INTERLEAVED_CASES = ((2, 4), (3, 3), (4, 8))
+CHUNKS = 2
 #: What a learner reads on calling what an exercise switches off in the checks' ranks.
 TP_REASON = ("Exercise 10.1 asks you to build tensor parallelism yourself, with the all-reduces in your own "
              "autograd Functions f and g; DTensor, DeviceMesh and parallelize_module come right after it in the lesson")
@@ -88,7 +95,7 @@ def _tp_runs(attempt: Attempt, cases: tuple = TP_CASES, run: bool = True) -> lis
     for world, dtypes in by_world_size(cases):
         for (dtype_name,) in dtypes:
             replies = _shared_run(attempt, mlp_worker, world, (dtype_name, run), timeout=TIMEOUT,
-                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['d']}")
+                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['out']}")
             runs.append((world, dtype_name, replies))
     return runs
 
@@ -125,8 +132,8 @@ exercise_10_1 = Exercise(
              _tp_forward),
         Part("backward", 2, "the input's gradient and every shard's gradient equal the matching slice of one process's.",
              _tp_backward),
-        Part("communication", 2, "exactly one all-reduce in forward and one in backward, each the size of the output.",
-             _tp_communication),
+        Part("communication", 2, "exactly one all-reduce in forward, of the output (g), and one in backward, of the "
+             "input's gradient (f); none needed on 1 rank.", _tp_communication),
         Part("shards", 1, "rank r holds block r of fc1's rows and of fc2's columns, fc2's bias whole: 1/p of each "
              "weight.", _tp_shards),
     ),
@@ -142,15 +149,16 @@ exercise_10_1 = Exercise(
 # -- Exercises 10.2 and 10.3 -------------------------------------------------------------------
 
 
-def _pipeline(attempt: Attempt, p: int, m: int, timeout: float = TIMEOUT) -> list[dict]:
-    return _shared_run(attempt, pipeline_worker, p, (m,), timeout=timeout, trace=True,
-                       context=f"{m} micro-batch{'es' if m != 1 else ''} of 3 rows")
+def _pipeline(attempt: Attempt, p: int, m: int, timeout: float = TIMEOUT, chunks: int = 0) -> list[dict]:
+    return _shared_run(attempt, pipeline_worker, p, (m, chunks), timeout=timeout, trace=True,
+                       context=f"{m} micro-batch{'es' if m != 1 else ''} of 3 rows"
+                               + (f", {chunks} chunks per rank" if chunks else ""))
 
 
-def _pipeline_part(judge, cases: tuple, **options):
+def _pipeline_part(judge, cases: tuple, chunks: int = 0, **options):
     def check(attempt: Attempt, cases: tuple = cases) -> None:
         for p, m in cases:
-            judge(attempt, p, m, _pipeline(attempt, p, m), **options)
+            judge(attempt, p, m, _pipeline(attempt, p, m, chunks=chunks), **options)
 
     check.__name__ = f"_{judge.__name__.removeprefix('judge_')}"
     return check
@@ -188,8 +196,8 @@ exercise_10_2 = Exercise(
              "micro-batches).", _pipeline_part(judge_gradients, GPIPE_CASES)),
         Part("messages", 2, "each stage sends one message per micro-batch to each neighbour, of one micro-batch's "
              "size, and nothing else.", _pipeline_part(judge_messages, GPIPE_CASES)),
-        Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1).",
-             _pipeline_part(judge_bubble, GPIPE_CASES)),
+        Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1), with every forward before any "
+             "backward on each stage.", _pipeline_part(judge_bubble, GPIPE_CASES)),
         Part("no_hang", 1, "finishes promptly with 2, 3 and 4 stages and 8 micro-batches.", _gpipe_no_hang),
     ),
     visible_check=_pipeline_self_check("GPipe", ((3, 4),), (judge_gradients, judge_messages, judge_bubble)),
@@ -214,4 +222,29 @@ exercise_10_3 = Exercise(
     forbid_reason=_pipeline_reason("10.3"),
 )
 
-EXERCISES = (exercise_10_1, exercise_10_2, exercise_10_3)
+def _interleaved_self_check(attempt: Attempt) -> str:
+    for p, m in ((3, 3),):
+        replies = _pipeline(attempt, p, m, chunks=CHUNKS)
+        judge_chunk_gradients(attempt, p, m, replies)
+        judge_interleaved_bubble(attempt, p, m, replies)
+    return ("Self-check passed (3 stages x 2 chunks, 3 micro-batches): every chunk's gradients equal one process on "
+            "the whole batch, and the logical clock gives the interleaved bubble, (p - 1) / (2m + p - 1). The hidden "
+            "tests try 2 and 4 stages too.")
+
+
+exercise_10_4 = Exercise(
+    number="10.4",
+    function="interleaved_step",
+    title="(optional) an interleaved schedule",
+    parts=(
+        Part("gradients", 1, "every chunk's gradients equal one process on the whole batch (2-4 stages, 2 chunks "
+             "each).", _pipeline_part(judge_chunk_gradients, INTERLEAVED_CASES, chunks=CHUNKS)),
+        Part("bubble", 1, "the logical clock's bubble is (p - 1) / (2m + p - 1).",
+             _pipeline_part(judge_interleaved_bubble, INTERLEAVED_CASES, chunks=CHUNKS)),
+    ),
+    visible_check=_interleaved_self_check,
+    forbid=COLLECTIVES + (PIPELINING,),
+    forbid_reason=_pipeline_reason("10.4"),
+)
+
+EXERCISES = (exercise_10_1, exercise_10_2, exercise_10_3, exercise_10_4)

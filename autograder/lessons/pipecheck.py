@@ -35,7 +35,7 @@ from .kit import Attempt
 from .pieces import plural
 
 __all__ = ["WIDTH", "ROWS", "pipeline_worker", "judge_gradients", "judge_messages", "judge_bubble", "judge_memory",
-           "TOLERANCE"]
+           "judge_chunk_gradients", "judge_interleaved_bubble", "TOLERANCE"]
 
 WIDTH, ROWS = 6, 3  # each layer is Linear(6, 6); each micro-batch has 3 rows
 TOLERANCE = 1e-5  # float32: one process and the pipeline add the micro-batches in other orders
@@ -69,23 +69,30 @@ def _reference(layers: list, microbatches: list) -> list[list]:
     return [[p.grad.clone() for p in layer.parameters()] for layer in layers]
 
 
-def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int) -> dict[str, Any]:
-    """The learner's schedule on this rank's stage; its record, gradients and the reference."""
+def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int, chunks: int = 0) -> dict[str, Any]:
+    """The learner's schedule on this rank's stage; its record, gradients and the reference.
+
+    With ``chunks`` (Exercise 10.4) the model has ``chunks * p`` layers and the rank holds
+    ``chunks`` of them, chunk c being layer ``c * p + rank``: ``fn(stages, microbatches)`` gets
+    the list of this rank's chunks. ``"grads"`` and ``"reference"`` then hold one entry per chunk.
+    """
     import torch
 
     from helpers.pipeline import Stage
 
-    layers = _model(seed, world_size)
-    layer = layers[rank]
-    module = layer if rank == world_size - 1 else torch.nn.Sequential(layer, torch.nn.Tanh())
-    stage = Stage(module, (ROWS, WIDTH), (ROWS, WIDTH))
+    pieces = world_size * max(chunks, 1)
+    layers = _model(seed, pieces)
+    mine = [c * world_size + rank for c in range(max(chunks, 1))]
+    stages = [Stage(layers[k] if k == pieces - 1 else torch.nn.Sequential(layers[k], torch.nn.Tanh()),
+                    (ROWS, WIDTH), (ROWS, WIDTH), chunk=c, num_chunks=max(chunks, 1)) for c, k in enumerate(mine)]
     microbatches = _microbatches(seed, m)
-    fn(stage, [(x.clone(), t.clone()) for x, t in microbatches])
-    reference = _reference(_model(seed, world_size), microbatches)[rank]
+    fn(stages if chunks else stages[0], [(x.clone(), t.clone()) for x, t in microbatches])
+    reference = _reference(_model(seed, pieces), microbatches)
+    grads = [[None if p.grad is None else p.grad.detach().clone() for p in layers[k].parameters()] for k in mine]
     return {
-        "record": stage.record(),
-        "grads": [None if p.grad is None else p.grad.detach().clone() for p in layer.parameters()],
-        "reference": reference,
+        "record": Stage.record_all(stages),
+        "grads": grads if chunks else grads[0],
+        "reference": [reference[k] for k in mine] if chunks else reference[rank],
     }
 
 
@@ -105,24 +112,41 @@ def _unfinished(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
 
 def judge_gradients(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
     """Every stage's layer ends with the gradient one process computes on the whole batch."""
-    import torch
-
     _unfinished(attempt, p, m, replies)
     for rank, reply in enumerate(replies):
-        for name, got, want in zip(("weight", "bias"), reply["grads"], reply["reference"]):
-            if got is not None and torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE):
-                continue
-            hint = ""
-            if got is not None and want.norm() > 0:
-                ratio = float(got.double().norm() / want.double().norm())
-                if m > 1 and abs(ratio - m) < 1e-3:
-                    hint = (f" It is {m} times too large: the step's loss is the mean of the {m} micro-batch losses, "
-                            f"so start each micro-batch's backward on the last stage with 1/{m}, not 1.")
-                elif m > 1 and abs(ratio - 1 / m) < 1e-3:
-                    hint = f" It is {m} times too small: divide by the number of micro-batches once, not twice."
-            attempt.fail(f"{_where(p, m)}: stage {rank}'s layer {name} gradient differs from one process on the "
-                         f"whole batch.\n  expected {want.reshape(-1)[:4].tolist()}\n"
-                         f"  actual   {None if got is None else got.reshape(-1)[:4].tolist()}" + hint)
+        _judge_layer(attempt, p, m, f"stage {rank}'s layer", reply["grads"], reply["reference"])
+
+
+def judge_chunk_gradients(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
+    """Exercise 10.4: every chunk of every rank ends with one process's gradient of its layer."""
+    for rank, reply in enumerate(replies):
+        left = reply["record"]["unfinished"]
+        if left:
+            chunk, i = left[0]
+            attempt.fail(f"{_where(p, m)}, rank {rank}'s chunk {chunk} still holds micro-batch {i}'s activations: "
+                         "every micro-batch goes forward and backward once through every chunk.")
+        pieces = len(reply["grads"]) * p
+        for chunk, (got, want) in enumerate(zip(reply["grads"], reply["reference"])):
+            _judge_layer(attempt, p, m, f"rank {rank}'s chunk {chunk} (layer {chunk * p + rank} of {pieces})", got, want)
+
+
+def _judge_layer(attempt: Attempt, p: int, m: int, what: str, grads: list, reference: list) -> None:
+    import torch
+
+    for name, got, want in zip(("weight", "bias"), grads, reference):
+        if got is not None and torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE):
+            continue
+        hint = ""
+        if got is not None and want.norm() > 0:
+            ratio = float(got.double().norm() / want.double().norm())
+            if m > 1 and abs(ratio - m) < 1e-3:
+                hint = (f" It is {m} times too large: the step's loss is the mean of the {m} micro-batch losses, "
+                        f"so start each micro-batch's backward on the last stage with 1/{m}, not 1.")
+            elif m > 1 and abs(ratio - 1 / m) < 1e-3:
+                hint = f" It is {m} times too small: divide by the number of micro-batches once, not twice."
+        attempt.fail(f"{_where(p, m)}: {what} {name} gradient differs from one process on the "
+                     f"whole batch.\n  expected {want.reshape(-1)[:4].tolist()}\n"
+                     f"  actual   {None if got is None else got.reshape(-1)[:4].tolist()}" + hint)
 
 
 def judge_messages(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
@@ -152,6 +176,25 @@ def judge_messages(attempt: Attempt, p: int, m: int, replies: list[dict]) -> Non
                              "neighbouring stage, activations forward and gradients back.")
 
 
+def judge_interleaved_bubble(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
+    """Exercise 10.4: the logical clock's bubble equals (p - 1) / (v m + p - 1) with v chunks per rank."""
+    from helpers.schedule import Schedule
+
+    chunks = replies[0]["record"]["num_chunks"]
+    run = Schedule([reply["record"] for reply in replies])
+    want = Schedule.interleaved_bubble(p, m, chunks)
+    if run.bubble == want:
+        return
+    hint = ""
+    if run.bubble == Schedule.gpipe_bubble(p, m):
+        hint = (" That is GPipe's bubble, as if each rank held one layer: a rank must move on to its next chunk's "
+                "work while the micro-batches it sent on are still travelling round the other ranks.")
+    attempt.fail(f"{_where(p, m)}, {chunks} chunks per rank: on the logical clock (a forward of one chunk takes 1 "
+                 f"unit, a backward 2) your schedule takes {run.makespan} units and the bubble is {run.bubble}; an "
+                 f"interleaved schedule takes {3 * (chunks * m + p - 1)}, a bubble of (p - 1) / (v m + p - 1) = "
+                 f"{want}.{hint}\nYour steps on the clock (F3b = forward of micro-batch 3 on chunk 1):\n{run.lanes()}")
+
+
 def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule_name: str = "GPipe") -> None:
     """The logical clock's bubble equals (p - 1) / (m + p - 1)."""
     from helpers.schedule import Schedule
@@ -159,6 +202,8 @@ def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule
     run = Schedule([reply["record"] for reply in replies])
     want = Schedule.gpipe_bubble(p, m)
     if run.bubble == want:
+        if schedule_name == "GPipe":
+            _gpipe_order(attempt, p, m, replies, run)
         return
     first = run.for_rank(0)
     late = [s for i, s in enumerate(s for s in first if s.kind == "forward") if s.start != i]
@@ -174,6 +219,26 @@ def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule
                  f"({float(run.bubble):.0%} of the ranks' time idle); {schedule_name} takes {3 * (m + p - 1)} units, "
                  f"a bubble of (p - 1) / (m + p - 1) = {want}.{hint}\n"
                  f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
+
+
+def _gpipe_order(attempt: Attempt, p: int, m: int, replies: list[dict], run: Any) -> None:
+    """GPipe's order: on every stage, every micro-batch's forward before any backward.
+
+    1F1B has the same bubble on the clock; what tells the two apart is the order, which is
+    what Exercise 10.2 asks for (and what keeps all m micro-batches' activations at once).
+    """
+    for rank, reply in enumerate(replies):
+        kinds = [(kind, mb) for kind, mb, *_ in reply["record"]["steps"]]
+        last_forward = max((i for i, (kind, _) in enumerate(kinds) if kind == "forward"), default=-1)
+        early = [(i, mb) for i, (kind, mb) in enumerate(kinds) if kind == "backward" and i < last_forward]
+        if early:
+            i, mb = early[0]
+            later = [f for kind, f in kinds[i + 1:] if kind == "forward"]
+            attempt.fail(f"{_where(p, m)}, stage {rank} ran micro-batch {mb}'s backward before micro-batch "
+                         f"{later[0]}'s forward. GPipe runs every micro-batch forward, then every one backward, on "
+                         "each stage; interleaving them is 1F1B's order (Exercise 10.3), which has the same bubble "
+                         "but is not the schedule this exercise asks for.\n"
+                         f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
 
 
 def judge_memory(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:

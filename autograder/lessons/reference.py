@@ -13,14 +13,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# The bucket rule is the exercise's statement, not its answer: learners get it too.
-# So is the split of a tensor into chunks (lesson 4).
+# The bucket rule and lesson 4's split into chunks are exercises' statements, not answers: learners get them too.
 from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
            "hierarchical_all_reduce", "average_gradients", "train", "PerParameterDDP", "MiniDDP", "bucket_layout",
-           "ShardedOptimizer", "TensorParallelMLP", "gpipe_step", "one_f_one_b_step"]
+           "ShardedOptimizer", "TensorParallelMLP", "gpipe_step", "one_f_one_b_step", "interleaved_step"]
 
 
 def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -328,12 +327,8 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
 
 
 class TensorParallelMLP(torch.nn.Module):
-    """Exercise 10.1: ``fc2(gelu(fc1(x)))`` with fc1 split by output features and fc2 by input features.
-
-    Rank r keeps rows r*k:(r+1)*k of fc1's weight and bias and the same columns of fc2's
-    weight (k = hidden / p); fc2's bias is kept whole on every rank and added once, after
-    the all-reduce. One all-reduce in forward (g) and one in backward (f, the input's gradient).
-    """
+    """Exercise 10.1: ``fc2(gelu(fc1(x)))``, fc1 split by output features (rows r*k:(r+1)*k, k = hidden / p), fc2 by
+    input features (the same columns), fc2's bias whole, added once; one all-reduce forward (g), one backward (f)."""
 
     def __init__(self, fc1: torch.nn.Linear, fc2: torch.nn.Linear) -> None:
         super().__init__()
@@ -353,9 +348,8 @@ class TensorParallelMLP(torch.nn.Module):
 
 def _pipeline_forward(stage, i: int, microbatch, requests: list) -> None:
     inputs, targets = microbatch
-    x = inputs
+    x = inputs if stage.is_first else torch.empty(stage.input_shape)
     if not stage.is_first:
-        x = torch.empty(stage.input_shape)
         dist.recv(x, src=stage.prev_rank)
     y = stage.forward(i, x, targets if stage.is_last else None)
     if not stage.is_last:
@@ -363,9 +357,8 @@ def _pipeline_forward(stage, i: int, microbatch, requests: list) -> None:
 
 
 def _pipeline_backward(stage, i: int, m: int, requests: list) -> None:
-    grad = 1.0 / m  # the step's loss is the mean of the m micro-batch losses
+    grad = 1.0 / m if stage.is_last else torch.empty(stage.output_shape)  # the step's loss: the mean of m losses
     if not stage.is_last:
-        grad = torch.empty(stage.output_shape)
         dist.recv(grad, src=stage.next_rank)
     g = stage.backward(i, grad)
     if not stage.is_first:
@@ -374,13 +367,7 @@ def _pipeline_backward(stage, i: int, m: int, requests: list) -> None:
 
 def gpipe_step(stage, microbatches) -> None:
     """Exercise 10.2: every micro-batch forward through the stages, then every one backward."""
-    m, requests = len(microbatches), []
-    for i, microbatch in enumerate(microbatches):
-        _pipeline_forward(stage, i, microbatch, requests)
-    for i in range(m):
-        _pipeline_backward(stage, i, m, requests)
-    for request, _ in requests:
-        request.wait()
+    interleaved_step([stage], microbatches)
 
 
 def one_f_one_b_step(stage, microbatches) -> None:
@@ -394,5 +381,18 @@ def one_f_one_b_step(stage, microbatches) -> None:
         _pipeline_backward(stage, i, m, requests)
     for i in range(m - warmup, m):
         _pipeline_backward(stage, i, m, requests)
+    for request, _ in requests:
+        request.wait()
+
+
+def interleaved_step(stages, microbatches) -> None:
+    """Exercise 10.4 (one chunk: 10.2's GPipe): all forwards through chunk 0, then chunk 1, ...; backwards reversed."""
+    m, requests = len(microbatches), []
+    for stage in stages:
+        for i, microbatch in enumerate(microbatches):
+            _pipeline_forward(stage, i, microbatch, requests)
+    for stage in reversed(stages):
+        for i in range(m):
+            _pipeline_backward(stage, i, m, requests)
     for request, _ in requests:
         request.wait()

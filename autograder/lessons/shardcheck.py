@@ -11,7 +11,8 @@
   optimizer state it holds (torch's own ZeroRedundancyOptimizer and FSDP are switched off by
   the exercise's ``forbid``, in :mod:`autograder.lessons.lesson09`);
 - :func:`exchange_problem`: the traffic rule of ZeRO-1, one reduce-scatter-shaped and one
-  all-gather-shaped exchange per step, made with the built-in collectives or by hand.
+  all-gather-shaped exchange per step, made with the built-in collectives or by hand;
+  :func:`gathered_problem`: that the all-gather carries the updated parameters.
 
 The exercise and its parts are declared in :mod:`autograder.lessons.lesson09`; this module
 ships to learners with it (the self-check uses it).
@@ -23,7 +24,8 @@ import math
 from typing import Any, Callable
 
 __all__ = ["OPTIMIZERS", "SLACK", "graded_model", "graded_batch", "model_sizes", "reference_params",
-           "sharded_worker", "optimizer_state", "exchange_problem", "REDUCE_SCATTERS", "ALL_GATHERS"]
+           "sharded_worker", "optimizer_state", "gathered_problem", "exchange_problem", "REDUCE_SCATTERS",
+           "ALL_GATHERS"]
 
 #: The optimizers tried, with their settings: (torch.optim class name, keyword arguments).
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -111,10 +113,24 @@ def reference_params(case: dict, world_size: int, summed: bool = False) -> list:
 
 
 def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
-    """Bytes of state, and elements stepped, of every torch optimizer reachable from ``root``'s attributes.
+    """The optimizer state held through ``root``: bytes of state, and the elements it is kept for.
 
-    Looks through attributes, lists, tuples and dicts, ``depth`` levels down; ``root`` itself
-    counts when it is an optimizer. Returns ``{"optimizers": n, "state_bytes": b, "stepped": elements}``.
+    Every torch optimizer reachable from ``root``'s attributes counts (attributes, lists,
+    tuples and dicts, ``depth`` levels down; ``root`` itself when it is one, as a
+    ``ShardedOptimizer`` that subclasses ``torch.optim.Optimizer`` is). What is judged is the
+    state they *hold*: a parameter counts once some optimizer keeps a tensor of state for it
+    (an optimizer updates state only for what it steps), so a subclass whose own
+    ``param_groups`` list the whole model, but which steps only its shard through an inner
+    optimizer, holds its shard's state and nothing more. State kept outside any optimizer
+    (tensors in a closure, say) is not seen; the exercise asks for ``optimizer_cls``.
+    Returns ``{"optimizers": n, "state_bytes": b, "stepped": elements}``.
+
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.zeros(10)); opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    >>> optimizer_state(opt)["stepped"]
+    0
+    >>> w.grad = torch.ones(10); opt.step(); optimizer_state(opt)
+    {'optimizers': 1, 'state_bytes': 40, 'stepped': 10}
     """
     import torch
 
@@ -138,13 +154,50 @@ def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
 
     walk(root, depth)
     state_bytes = stepped = 0
+    counted: set[int] = set()
     for opt in found.values():
-        for values in opt.state.values():
-            for value in values.values() if isinstance(values, dict) else ():
-                if isinstance(value, torch.Tensor):
-                    state_bytes += value.numel() * value.element_size()
-        stepped += sum(p.numel() for group in opt.param_groups for p in group["params"])
+        for param, values in opt.state.items():
+            tensors = [v for v in values.values() if isinstance(v, torch.Tensor)] if isinstance(values, dict) else []
+            state_bytes += sum(t.numel() * t.element_size() for t in tensors)
+            if tensors and isinstance(param, torch.Tensor) and id(param) not in counted:
+                counted.add(id(param))
+                stepped += param.numel()
     return {"optimizers": len(found), "state_bytes": state_bytes, "stepped": stepped}
+
+
+def gathered_problem(payloads: list[tuple[Any, Any]], params: list, world: int, rank: int) -> str | None:
+    """What one ``step()``'s all-gather carried, if it was not this rank's slice of the *updated* parameters.
+
+    ``payloads`` are the step's calls with a copy of each one's tensor (the rank's instrument
+    keeps them, :attr:`helpers._runtime.instrument.Instrument.payloads`), ``params`` the model's
+    parameters after the step. ZeRO-1's all-gather hands every rank's updated slice to the
+    others; one that carries the averaged gradients instead leaves every rank to step the
+    whole model itself, with the whole optimizer state. A built-in all-gather must carry this
+    rank's slice of the flattened, padded parameters; by hand (lesson 4's ring), the sends of
+    the all-gather phase (the step's last p-1 sends) must each carry one slice of them.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    shard = math.ceil(flat.numel() / world)
+    flat = F.pad(flat, (0, shard * world - flat.numel()))
+    gathers = [t.reshape(-1) for e, t in payloads if not e.is_send and e.op in ALL_GATHERS]
+    if gathers:
+        windows = {rank}
+        carried = gathers
+    else:
+        windows = set(range(world))
+        carried = [t.reshape(-1) for e, t in payloads if e.is_send][-(world - 1):] if world > 1 else []
+    for t in carried:
+        if not any(t.dtype == flat.dtype and torch.equal(t, flat[c * shard:c * shard + t.numel()]) for c in windows):
+            how = "the all-gather" if gathers else "a send of the all-gather phase"
+            return (f"{how} carried {t.numel()} values that are not a slice of the parameters as step() left them. "
+                    "ZeRO-1 gathers the *updated parameters*: each rank steps only its own slice (its optimizer "
+                    "holds only that slice's state) and the all-gather hands every rank the others' updated slices. "
+                    "Gathering the averaged gradients instead and stepping the whole model on every rank gives the "
+                    "same numbers, but every rank then keeps the whole optimizer state: that is DDP, not ZeRO-1.")
+    return None
 
 
 def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dict[str, Any]:
@@ -163,6 +216,7 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
     inst = current()
     tracing = inst.tracing if inst is not None else False
     calls: list[list[tuple]] = []
+    carried: list[str | None] = []
     model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
     optimizer, kwargs = _optimizer(case["optimizer"])
     opt = cls(model.parameters(), optimizer, **kwargs)
@@ -176,17 +230,23 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
             F.cross_entropy(model(x[mine]), y[mine]).backward()
             if inst is not None:
                 inst.take_events()
+                inst.payloads = []  # keep what each call of the step carried
             opt.step()
             events = inst.take_events() if inst is not None else []
             calls.append([(e.op, e.nbytes or 0, e.is_send) for e in events if not e.is_recv])
+            if inst is not None:
+                carried.append(gathered_problem(inst.payloads, list(model.parameters()), world_size, rank))
+                inst.payloads = None
     finally:
         if inst is not None:
             inst.tracing = tracing
+            inst.payloads = None
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "names": [name for name, _ in model.named_parameters()],
         "numel": sum(p.numel() for p in model.parameters()),
         "calls": calls,
+        "carried": carried,
         "state": optimizer_state(opt),
         "reference": reference_params(case, world_size) if rank == 0 else None,
         "summed": reference_params(case, world_size, summed=True) if rank == 0 and case["optimizer"] == "sgd" else None,

@@ -38,7 +38,11 @@ from .pieces import plural
 __all__ = ["SIZES", "mlp_worker", "identify", "describe", "judge_forward", "judge_backward", "judge_communication",
            "judge_shards", "TOLERANCE"]
 
-SIZES = {"d": 8, "hidden": 12, "rows": 5}  # divisible by 1, 2 and 4: every split is even
+#: The graded MLP: fc1 = Linear(d, hidden), fc2 = Linear(hidden, out), a batch of ``rows``. Every width
+#: divides by 1, 2 and 4 (every split is even, the right one and a wrong one alike); out differs from d,
+#: so the output (g's all-reduce, forward) and the input's gradient (f's, backward) differ in size, and
+#: the trace tells which tensor each one summed.
+SIZES = {"d": 8, "hidden": 12, "out": 16, "rows": 5}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
 ITEM = {"float32": 4, "float64": 8}
 
@@ -48,7 +52,7 @@ def _layers(seed: int, dtype_name: str):
 
     torch.manual_seed(seed)
     d, hidden = SIZES["d"], SIZES["hidden"]
-    fc1, fc2 = torch.nn.Linear(d, hidden), torch.nn.Linear(hidden, d)
+    fc1, fc2 = torch.nn.Linear(d, hidden), torch.nn.Linear(hidden, SIZES["out"])
     dtype = getattr(torch, dtype_name)
     return fc1.to(dtype), fc2.to(dtype)
 
@@ -58,9 +62,9 @@ def _data(seed: int, dtype_name: str):
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
-    shape = (SIZES["rows"], SIZES["d"])
-    return torch.randn(shape, generator=g).to(getattr(torch, dtype_name)), torch.randn(shape, generator=g).to(
-        getattr(torch, dtype_name))
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn((SIZES["rows"], SIZES["d"]), generator=g).to(dtype)
+    return x, torch.randn((SIZES["rows"], SIZES["out"]), generator=g).to(dtype)
 
 
 def _reference(fc1, fc2, x, w, world_size: int) -> dict[str, Any]:
@@ -121,7 +125,7 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
 
     With ``run=False`` only the module is built (what the shards part looks at): a module
     that splits the wrong dimension then gets feedback on its shards, not a shape error.
-    A forward that returns no tensor of the input's shape gets no backward.
+    A forward that returns no tensor of the output's shape (rows x out) gets no backward.
     """
     import torch
 
@@ -145,7 +149,7 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
     if run:
         y = model(x)
         forward_calls = _calls(inst)
-    forward_ok = isinstance(y, torch.Tensor) and y.shape == x.shape and y.requires_grad
+    forward_ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(w.shape) and y.requires_grad
     if forward_ok:
         (y * w).sum().backward()
         backward_calls = _calls(inst)
@@ -286,28 +290,42 @@ def judge_communication(attempt: Attempt, world_size: int, dtype_name: str, repl
 
     Every all-reduce the trace sees counts, whichever way it was made (``dist.all_reduce``,
     ``ProcessGroup.allreduce``, a functional collective): DTensor is switched off, so each one
-    is a call the learner placed in f or g themselves.
+    is a call the learner placed in f or g themselves. The output and the input differ in
+    width, so an all-reduce of the wrong tensor shows by its size. On one rank there is
+    nothing to sum: no call, or the one call, are both right (Megatron-style code skips it).
     """
     where = _where(world_size, dtype_name)
     _no_dtensor(attempt, replies, where)
-    want = SIZES["rows"] * SIZES["d"] * ITEM[dtype_name]
+    sizes = {"forward": (SIZES["out"], "fc2's output (g)"), "backward": (SIZES["d"], "the input's gradient (f)")}
     for rank, reply in enumerate(replies):
-        for phase, what in (("forward", "fc2's output (g)"), ("backward", "the input's gradient (f)")):
+        for phase, (width, what) in sizes.items():
+            want = SIZES["rows"] * width * ITEM[dtype_name]
             calls = reply[phase]
-            if [(op, n) for op, n, _ in calls] == [("all_reduce", want)]:
+            made = [(op, n) for op, n, _ in calls]
+            if made == [("all_reduce", want)] or (world_size == 1 and made == []):
                 continue
             seen = ", ".join(f"{op} of {n} bytes{_VIA.get(via, '')}" for op, n, via in calls) or "no call at all"
             hint = _MISSING[phase] if not calls else ""
-            if phase == "backward" and [(op, n) for op, n, _ in calls].count(("all_reduce", want)) > 1:
+            item = ITEM[dtype_name]
+            output, given = SIZES["rows"] * SIZES["out"] * item, SIZES["rows"] * SIZES["d"] * item
+            wrong = [n for op, n in made if op == "all_reduce" and n != want]
+            if phase == "backward" and output in wrong:
                 hint = (" g's all-reduce was differentiated too: an all-reduce that autograd differentiates by itself "
-                        "(torch.distributed.nn.functional.all_reduce, or a functional collective) sums the gradient "
-                        "again in backward. Call it inside g, your own autograd Function, whose backward passes the "
-                        "gradient through.")
-            if any(op == "all_reduce" and n != want for op, n, _ in calls):
-                hint = (f" An all-reduce of another size sums a tensor other than {what}: after fc1's column split "
+                        "(torch.distributed.nn.functional.all_reduce, or a functional collective) sums the output's "
+                        "gradient again in backward. Call it inside g, your own autograd Function, whose backward "
+                        "passes the gradient through.")
+            elif phase == "forward" and given in wrong:
+                hint = (f" It summed a tensor of the input's size ({given} bytes): the sum in forward belongs after "
+                        "fc2, on its partial outputs (g); f, before fc1, is the identity in forward and sums the "
+                        "input's gradient in backward. Are f and g swapped?")
+            elif phase == "backward" and wrong:
+                hint = (f" It summed {wrong[0]} bytes, not the input's gradient ({want} bytes): f, the identity placed "
+                        "before fc1, sums the input's gradient in backward.")
+            elif wrong:
+                hint = (f" An all-reduce of {wrong[0]} bytes sums a tensor other than {what}: after fc1's column split "
                         "the hidden activations are whole features and need no sum.")
             attempt.fail(f"{where}, rank {rank}'s {phase} made {seen}; it should make exactly one all-reduce, of "
-                         f"{what}: {SIZES['rows']} x {SIZES['d']} {dtype_name} = {want} bytes." + hint)
+                         f"{what}: {SIZES['rows']} x {width} {dtype_name} = {want} bytes." + hint)
 
 
 def judge_shards(attempt: Attempt, world_size: int, dtype_name: str, replies: list[dict]) -> None:
@@ -315,8 +333,8 @@ def judge_shards(attempt: Attempt, world_size: int, dtype_name: str, replies: li
     where = _where(world_size, dtype_name)
     _no_dtensor(attempt, replies, where)
     expected = {"fc1.weight": "rows", "fc1.bias": "pieces", "fc2.weight": "columns", "fc2.bias": "whole"}
-    d, hidden = SIZES["d"], SIZES["hidden"]
-    want_bytes = ((2 * d * hidden + hidden) // world_size + d) * ITEM[dtype_name]
+    d, hidden, out = SIZES["d"], SIZES["hidden"], SIZES["out"]
+    want_bytes = ((d * hidden + hidden + hidden * out) // world_size + out) * ITEM[dtype_name]
     for rank, reply in enumerate(replies):
         shapes = reply["full_shapes"]
         held: dict[str, tuple] = {}

@@ -79,6 +79,10 @@ class Instrument:
         self.world_size = world_size
         self.tracing = False
         self.events: list[TraceEvent] = []
+        # With tracing, a list here also keeps a copy of each call's tensor beside its event
+        # ((event, tensor) pairs): what a send or an all-gather carried, for checks that must
+        # know it (lesson 9's all-gather of the updated parameters). None: nothing is kept.
+        self.payloads: list[tuple[TraceEvent, Any]] | None = None
         self.forbidden: dict[str, str] = {}  # collectives refused by the wrappers, with their reasons
         self.refused: dict[str, str] = {}  # everything switched off now, as forbid() was given it
         self._refusing: set[tuple[Any, str]] = set()  # attributes replaced by refusers
