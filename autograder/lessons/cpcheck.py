@@ -161,7 +161,6 @@ def _mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal
     if causal:
         n = len(pos[rank])
         local = torch.ones(n, n, dtype=torch.bool).tril()
-        found["no_mask"] = full_attention(q, k_all, v_all)
         # A mask built from the positions inside the block (0 .. n-1) for queries and keys alike: the block's
         # own lower triangle on every block that is not skipped.
         local_masks = []
@@ -170,11 +169,13 @@ def _mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal
                 local_masks.append(local)
             else:
                 local_masks.append(local if j < rank else False)
-        found["local_everywhere"] = _blockwise(q, ks, vs, local_masks)
-        found["local_everywhere_unskipped"] = _blockwise(q, ks, vs, [local] * len(ks))
         # Global query positions against the keys' positions inside their block: never masks on ranks past 0.
+        # (Before "no_mask": on the last rank the two agree, and this one is the more telling.)
         found["global_query_local_key"] = _blockwise(
             q, ks, vs, [torch.arange(len(kp))[None, :] <= qp[:, None] for kp in kps])
+        found["no_mask"] = full_attention(q, k_all, v_all)
+        found["local_everywhere"] = _blockwise(q, ks, vs, local_masks)
+        found["local_everywhere_unskipped"] = _blockwise(q, ks, vs, [local] * len(ks))
         if kind == "zigzag":
             found["contiguous_mask"] = _blockwise(  # the mask of 11.1's layout, as if rank r held block r
                 q, ks, vs, [(torch.tensor(layout("ring", j, p, 2 * block))[None, :]
@@ -220,6 +221,7 @@ class TensorRecorder:
     ``largest`` is ``(elements, shape, op)`` of the largest tensor an operation returned that is not a view of
     another; ``scores`` the number of scores computed: the elements of every matrix product that contracts over
     the head width ``d`` (q k^T; p v contracts over keys), and L x S per head of a fused attention call.
+    With a ``limit`` (elements), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
 
     >>> import torch
     >>> with TensorRecorder(d=3) as rec:
@@ -228,9 +230,10 @@ class TensorRecorder:
     ((40, (2, 4, 5)), 40)
     """
 
-    def __init__(self, d: int) -> None:
-        self.d = d
+    def __init__(self, d: int, limit: int | None = None) -> None:
+        self.d, self.limit = d, limit
         self.largest: tuple[int, tuple, str] = (0, (), "")
+        self.first_over: tuple[int, tuple, str] | None = None
         self.scores = 0
         self._mode = None
 
@@ -259,8 +262,12 @@ class TensorRecorder:
         name = str(func)
         if not getattr(func, "is_view", False):
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.numel() > self.largest[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if t.numel() > self.largest[0]:
                     self.largest = (t.numel(), tuple(t.shape), name)
+                if self.limit is not None and self.first_over is None and t.numel() > self.limit:
+                    self.first_over = (t.numel(), tuple(t.shape), name)
         if name.startswith(_MATMULS):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             first = tensors[-2] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else tensors[0]
@@ -302,11 +309,11 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
         mine = layout(kind, rank, world_size, block)
         q, k, v = (t[:, mine].clone() for t in (q_all, k_all, v_all))
         row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None, "hint": ""}
-        recorder = TensorRecorder(d)
+        recorder = TensorRecorder(d, memory_limit(world_size) if kind == "ring" else None)
         with recorder:
             out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
         row["calls"] = [(e.op, e.peer, e.nbytes) for e in calls]
-        row["largest"], row["scores"] = recorder.largest, recorder.scores
+        row["largest"], row["scores"], row["over"] = recorder.largest, recorder.scores, recorder.first_over
         row["kv_bytes"] = k.numel() * k.element_size() + v.numel() * v.element_size()
         row["block_bytes"] = q.numel() * q.element_size()
         want = full_attention(q_all.double(), k_all.double(), v_all.double(), causal)[:, mine].to(q.dtype)
@@ -408,8 +415,8 @@ def judge_ring(attempt: Attempt, p: int, replies: list) -> None:
             if sent != want or got != want:
                 blocks = sent / kv
                 attempt.fail(f"{where} sent {sent} bytes and received {got} in {plural(len(sends), 'message')}: "
-                             f"{blocks:g} key/value blocks; a ring attention passes its neighbour p - 1 = {p - 1} "
-                             f"blocks of keys and values, {want} bytes ({kv} per step, K and V together or as "
+                             f"{blocks:g} key/value blocks; a ring attention passes its neighbour p - 1 = "
+                             f"{plural(p - 1, 'block')} of keys and values, {want} bytes ({kv} per step, K and V together or as "
                              "two messages of the same step). "
                              + ("Do not send the block you received at the last step: nobody needs it."
                                 if sent > want else "Every step but the last passes on the block that just arrived."))
@@ -429,9 +436,9 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
     limit = memory_limit(p)
     for rank, rows in enumerate(replies):
         for row in rows:
-            n, shape, op = row["largest"]
-            if n <= limit:
+            if row["over"] is None:
                 continue
+            n, shape, op = row["over"]
             what = ""
             if shape and shape[-1] == d and n >= h * p * b * d:
                 what = (f" That is every rank's {'keys or values' if n < 2 * h * p * b * d else 'keys and values'} "
