@@ -281,7 +281,7 @@ def test_recorder_sees_the_largest_tensor_and_counts_scores_only():
     """Does TensorRecorder note the largest new tensor (not views) and count q k^T's elements but not p v's?"""
     import torch
 
-    from autograder.lessons.cpcheck import TensorRecorder
+    from autograder.lessons.cpdata import TensorRecorder
 
     q, k, v = torch.randn(2, 6, 5), torch.randn(2, 3, 5), torch.randn(2, 3, 5)
     with TensorRecorder(d=5) as rec:
