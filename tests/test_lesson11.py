@@ -142,6 +142,14 @@ def holds_every_key(q, k, v, causal=False):
     return torch.softmax(s, -1) @ values
 
 
+def hides_from_the_recorder(q, k, v, causal=False):
+    """Every key held at once, computed with the course's dispatch mode switched off: the checks must still see it."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return holds_every_key(q, k, v, causal)
+
+
 def zigzag_unskipped(q, k, v):
     """Right values on the zig-zag layout, but every block computed whole and masked: nothing skipped."""
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -214,6 +222,14 @@ def test_11_1_memory_fails_an_answer_that_holds_every_key(factory):
         ex.grade(_ANSWERS["holds_every_key"], "memory")
 
 
+def test_11_1_memory_fails_an_answer_that_switches_the_recorder_off(factory):
+    """Does an answer that holds every key while switching the checks' TorchDispatchMode off fail memory, since the
+    recorder then sees fewer scores than every query against every key takes?"""
+    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, not causal, float64, rank 0: the recorder saw 0 "
+                                             r"scores computed, fewer than the 384"):
+        exercise("11.1").grade(_ANSWERS["hides_from_the_recorder"], "memory")
+
+
 def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
     """Does a merge that keeps earlier blocks at their old maximum fail correct, with the fix (multiply by
     exp(m_old - m_new)) in the feedback?"""
@@ -281,7 +297,7 @@ def test_recorder_sees_the_largest_tensor_and_counts_scores_only():
     """Does TensorRecorder note the largest new tensor (not views) and count q k^T's elements but not p v's?"""
     import torch
 
-    from autograder.lessons.cpdata import TensorRecorder
+    from helpers.attention import TensorRecorder
 
     q, k, v = torch.randn(2, 6, 5), torch.randn(2, 3, 5), torch.randn(2, 3, 5)
     with TensorRecorder(d=5) as rec:

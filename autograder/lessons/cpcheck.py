@@ -197,6 +197,12 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
     limit = memory_limit(p)
     for rank, rows in enumerate(replies):
         for row in rows:
+            needed = h * b * p * b  # every query against every key, once
+            if not row["causal"] and row["scores"] < needed:
+                attempt.fail(f"{_where(p, row)}, rank {rank}: the recorder saw {row['scores']} scores computed, fewer "
+                             f"than the {needed} that {b} queries x {p * b} keys x {h} heads take. Compute the scores "
+                             "with torch operations (q @ k.transpose(-1, -2), matmul, einsum) inside your function, "
+                             "while it runs, so that what they create can be measured.")
             if row["over"] is None:
                 continue
             n, shape, op = row["over"]

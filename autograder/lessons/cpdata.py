@@ -1,5 +1,6 @@
-"""What lesson 11's checks share with the notebook's pictures: layouts, one process's attention, the usual mistakes
-played on one process, and :class:`TensorRecorder` (a ``TorchDispatchMode`` that notes what torch operations create).
+"""What lesson 11's checks run on the ranks besides the learner's answer: layouts, one process's attention, and the
+usual mistakes played on one process. The recorder they measure with, :class:`helpers.attention.TensorRecorder`,
+is the one the notebook's pictures use.
 
 :mod:`autograder.lessons.cpcheck` runs the learner's answers with these; they ship to learners with it.
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+from helpers.attention import TensorRecorder, zigzag_chunks, zigzag_positions
+
 __all__ = ["SHAPES", "TOLERANCE", "MISTAKES", "full_attention", "zigzag_chunks", "zigzag_positions", "layout",
            "mistakes", "TensorRecorder", "memory_limit"]
 
@@ -28,20 +31,6 @@ __all__ = ["SHAPES", "TOLERANCE", "MISTAKES", "full_attention", "zigzag_chunks",
 SHAPES = {"ring": {"heads": 2, "block": 8, "d": 4}, "zigzag": {"heads": 2, "block": 3, "d": 5},
           "ulysses": {"heads": 4, "block": 6, "d": 3}}
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-
-
-def zigzag_chunks(rank: int, world_size: int) -> tuple[int, int]:
-    """The two chunks of a sequence cut into 2p that rank ``rank`` holds in the zig-zag layout: r and 2p - 1 - r."""
-    return rank, 2 * world_size - 1 - rank
-
-
-def zigzag_positions(rank: int, world_size: int, chunk: int) -> list[int]:
-    """The sequence positions of rank ``rank``'s tokens in the zig-zag layout, in the order it holds them.
-
-    >>> zigzag_positions(0, 2, 2)
-    [0, 1, 6, 7]
-    """
-    return [c * chunk + i for c in zigzag_chunks(rank, world_size) for i in range(chunk)]
 
 
 def layout(kind: str, rank: int, world_size: int, block: int) -> list[int]:
@@ -176,77 +165,6 @@ MISTAKES = {
     "contiguous_mask": "Your output matches the mask of Exercise 11.1's contiguous layout: in the zig-zag layout rank r "
                        "holds chunks r and 2p - 1 - r, so its positions are those of zigzag_positions(r, p, chunk).",
 }
-
-
-# -- recording what the answer created ---------------------------------------------------------------------
-
-
-_MATMULS = ("aten.mm.", "aten.bmm.", "aten.addmm.", "aten.baddbmm.", "aten.matmul.", "aten.dot.")
-_SDPA = ("aten._scaled_dot_product",)
-
-
-class TensorRecorder:
-    """A ``TorchDispatchMode`` that notes, while it is active, the largest tensor torch operations create and the
-    attention scores computed.
-
-    ``largest`` is ``(elements, shape, op)`` of the largest tensor an operation returned that is not a view of
-    another; ``scores`` the number of scores computed: the elements of every matrix product that contracts over
-    the head width ``d`` (q k^T; p v contracts over keys), and L x S per head of a fused attention call.
-    With a ``limit`` (elements), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
-
-    >>> import torch
-    >>> with TensorRecorder(d=3) as rec:
-    ...     s = torch.ones(2, 4, 3) @ torch.ones(2, 3, 5)
-    >>> rec.largest[:2], rec.scores
-    ((40, (2, 4, 5)), 40)
-    """
-
-    def __init__(self, d: int, limit: int | None = None) -> None:
-        self.d, self.limit = d, limit
-        self.largest: tuple[int, tuple, str] = (0, (), "")
-        self.first_over: tuple[int, tuple, str] | None = None
-        self.scores = 0
-        self._mode = None
-
-    def __enter__(self) -> "TensorRecorder":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        recorder = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                recorder._note(func, args, out)
-                return out
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-
-    def _note(self, func, args, out) -> None:
-        import torch
-        from torch.utils._pytree import tree_flatten
-
-        name = str(func)
-        if not getattr(func, "is_view", False):
-            for t in tree_flatten(out)[0]:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                if t.numel() > self.largest[0]:
-                    self.largest = (t.numel(), tuple(t.shape), name)
-                if self.limit is not None and self.first_over is None and t.numel() > self.limit:
-                    self.first_over = (t.numel(), tuple(t.shape), name)
-        if name.startswith(_MATMULS):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            first = tensors[-2] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else tensors[0]
-            if first.dim() >= 1 and first.shape[-1] == self.d and isinstance(out, torch.Tensor):
-                self.scores += out.numel()
-        elif name.startswith(_SDPA):
-            q, k = args[0], args[1]
-            self.scores += math.prod(q.shape[:-1]) * k.shape[-2]
 
 
 def memory_limit(p: int) -> int:

@@ -11,7 +11,7 @@
 - 11.2 ``zigzag_attention(q, k, v)``: the causal one on the zig-zag layout (rank r holds chunks
   r and 2p - 1 - r of 2p). Parts: *correct*, and *balanced* (every rank computes the same
   number of scores, at most its own chunks causally plus half of every other block: the fully
-  masked products skipped, counted by :class:`autograder.lessons.cpdata.TensorRecorder`).
+  masked products skipped, counted by :class:`helpers.attention.TensorRecorder`).
 - 11.3 (optional) ``ulysses_attention(q, k, v, causal=False)``: all_to_all from the sequence
   split to the heads split and back. Parts: *correct*, and *exchange* (all_to_all only, q, k
   and v in and the output back: 4 blocks' bytes per rank).
