@@ -29,7 +29,7 @@ Hidden test cells and the visible self-checks::
 
 Example (the instructor's answers pass)::
 
-    >>> from autograder.lessons.reference import ring_attention
+    >>> from autograder.lessons.reference_attention import ring_attention
     >>> exercise_11_1.grade(ring_attention, "memory")
 """
 

@@ -6,6 +6,8 @@ How to use it::
 
     from autograder.lessons.reference import ring_allreduce
     helpers.launch(lambda rank, ws: ring_allreduce(torch.ones(10)), 4)
+
+Lesson 11's answers are in :mod:`autograder.lessons.reference_attention`, hidden the same way.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ import torch.distributed as dist
 # The bucket rule and lesson 4's split into chunks are exercises' statements, not answers: learners get them too.
 from autograder.lessons.ringcheck import chunk_bounds
 from autograder.lessons.lesson06 import bucket_layout
-from autograder.lessons.reference_attention import *  # noqa: F401,F403 - lesson 11's answers, hidden the same way
 
 __all__ = ["chunk_bounds", "ring_chunks", "ring_reduce_scatter", "ring_all_gather", "ring_allreduce",
            "hierarchical_all_reduce", "average_gradients", "train", "PerParameterDDP", "MiniDDP", "bucket_layout",
-           "ShardedOptimizer", "TensorParallelMLP", "gpipe_step", "one_f_one_b_step", "interleaved_step", "block_attention",
-           "merge_blocks", "ring_attention", "zigzag_attention", "ulysses_attention"]
+           "ShardedOptimizer", "TensorParallelMLP", "gpipe_step", "one_f_one_b_step", "interleaved_step"]
 
 
 def ring_chunks(phase: str, step: int, rank: int, world_size: int) -> tuple[int, int]:

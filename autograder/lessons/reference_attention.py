@@ -1,8 +1,8 @@
-"""Instructor reference answers of lesson 11 (context parallelism); :mod:`autograder.lessons.reference` re-exports them.
+"""Instructor reference answers of lesson 11 (context parallelism); :mod:`autograder.lessons.reference` holds the other lessons'.
 
 Like that module, it never ships to learners and the grading sandbox hides it. How to use it::
 
-    from autograder.lessons.reference import ring_attention
+    from autograder.lessons.reference_attention import ring_attention
     helpers.launch(lambda rank, ws: ring_attention(*torch.randn(3, 2, 8, 4)).shape, 4)
 """
 
