@@ -82,6 +82,45 @@ def ring(q, k, v, causal=False, *, how="stacked", rescale=True, mask="right"):
     return o / l
 
 
+def ring_divides_each_step(q, k, v, causal=False):
+    """Divides the output by the running sum after every block, and keeps merging the divided output."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    o = m = l = None
+    for step in range(p):
+        if step < p - 1:
+            kv_in = torch.empty((2, *k.shape), dtype=k.dtype)
+            requests = [dist.isend(torch.stack((k, v)), (rank + 1) % p), dist.irecv(kv_in, (rank - 1) % p)]
+        this = _mask("right", rank, (rank - step) % p, q.shape[-2]) if causal else None
+        if this is not False:
+            o, m, l = _merge(None if o is None else (o, m, l), _block(q, k, v, this))
+            o = o / l
+        if step < p - 1:
+            for r in requests:
+                r.wait()
+            k, v = kv_in[0], kv_in[1]
+    return o
+
+
+def ring_kv_apart(q, k, v, causal=False):
+    """Sends each step's keys with the values it held one step before: K and V of different ranks meet."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    acc, v_before = None, v
+    for step in range(p):
+        if step < p - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            requests = [dist.isend(k, (rank + 1) % p), dist.isend(v_before, (rank + 1) % p),
+                        dist.irecv(k_in, (rank - 1) % p), dist.irecv(v_in, (rank - 1) % p)]
+        this = _mask("right", rank, (rank - step) % p, q.shape[-2]) if causal else None
+        if this is not False:
+            acc = _merge(acc, _block(q, k, v, this))
+        if step < p - 1:
+            for r in requests:
+                r.wait()
+            v_before, k, v = v, k_in, v_in
+    o, _, l = acc
+    return o / l
+
+
 def ring_two_messages(q, k, v, causal=False):
     return ring(q, k, v, causal, how="two")
 
@@ -236,6 +275,21 @@ def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*differs from one process's full attention.*"
                                              r"merging the blocks without rescaling.*exp\(m_old - m_new\)"):
         exercise("11.1").grade(_ANSWERS["ring_no_rescale"], "correct")
+
+
+def test_11_1_names_a_division_before_the_last_block(factory):
+    """Does an answer that divides by the running sum at every step fail correct, saying to divide once at the end?"""
+    with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*dividing by the running sum at every step.*"
+                                             r"divide by the sum l once, after the last block"):
+        exercise("11.1").grade(_ANSWERS["ring_divides_each_step"], "correct")
+
+
+def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):
+    """Does an answer whose K and V come from different ranks (right on 1 and 2 ranks, wrong from 3) fail correct on
+    3 ranks, saying that K and V must come from the same rank, sent in the same step?"""
+    with pytest.raises(GradingFailure, match=r"(?s)correct: on 3 ranks, .*the K and V you compute with at each step "
+                                             r"must come from the same rank, sent in the same step"):
+        exercise("11.1").grade(_ANSWERS["ring_kv_apart"], "correct")
 
 
 def test_11_1_names_a_causal_mask_from_global_query_positions(factory):

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from .cpdata import MISTAKES, SHAPES, TOLERANCE, TensorRecorder, full_attention, layout, memory_limit, mistakes
 from .kit import Attempt
-from .pieces import HALF_FINISHED, plural, read_before_wait, recorded
+from .pieces import plural, recorded
 
 __all__ = ["attention_worker", "judge_correct", "judge_ring", "judge_memory", "judge_balanced", "judge_exchange",
            "balanced_limit"]
@@ -76,7 +76,7 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
         q_all, k_all, v_all = _data(seed + 7919 * i, heads, s, d, dtype_name)
         mine = layout(kind, rank, world_size, block)
         q, k, v = (t[:, mine].clone() for t in (q_all, k_all, v_all))
-        row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None, "hint": ""}
+        row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None}
         recorder = TensorRecorder(d, memory_limit(world_size) if kind == "ring" else None)
         with recorder:
             out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
@@ -112,8 +112,6 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
                     if got is not None and float((got - out.detach().double()).abs().max()) <= max(tol, 1e-6):
                         row["mistake"] = name
                         break
-                if row["mistake"] is None and read_before_wait(calls):
-                    row["hint"] = HALF_FINISHED
         rows.append(row)
     return rows
 
@@ -125,6 +123,13 @@ def _where(p: int, row: dict) -> str:
     return f"on {plural(p, 'rank')}, {'causal' if row['causal'] else 'not causal'}, {row['dtype']}"
 
 
+#: What feedback adds to wrong values on several ranks that match no usual mistake.
+ARRIVALS = ("If the same function is right on 1 rank, the merge is right and the blocks in hand are not: the K and V you "
+            "compute with at each step must come from the same rank, sent in the same step; a buffer filled by "
+            "dist.irecv holds its data only once wait() on its request has returned, so wait before you read it; and "
+            "do not receive into a tensor you are still sending.")
+
+
 def judge_correct(attempt: Attempt, p: int, replies: list) -> None:
     """Every rank's output block equals one process's full attention on its positions."""
     for rank, rows in enumerate(replies):
@@ -134,8 +139,8 @@ def judge_correct(attempt: Attempt, p: int, replies: list) -> None:
             msg = f"{_where(p, row)}, rank {rank}: {row['why']}."
             if row.get("mistake"):
                 msg += "\n  " + MISTAKES[row["mistake"].removesuffix("_unskipped")]
-            if row.get("hint"):
-                msg += "\n  " + row["hint"]
+            if not row.get("mistake") and p > 1 and "error" in row:
+                msg += "\n  " + ARRIVALS
             attempt.fail(msg)
 
 
