@@ -73,17 +73,18 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
     s = per_rank * world_size
     rows = []
     for i, (causal, dtype_name) in enumerate(cases):
-        q_all, k_all, v_all = _data(seed + 7919 * i, heads, s, d, dtype_name)
         mine = layout(kind, rank, world_size, block)
-        q, k, v = (t[:, mine].clone() for t in (q_all, k_all, v_all))
-        row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None}
+        q, k, v = (t[:, mine].clone() for t in _data(seed + 7919 * i, heads, s, d, dtype_name))
+        # Only this rank's blocks exist while the answer runs: the others' keys must come by message.
+        row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None,
+                               "kv_bytes": k.numel() * k.element_size() + v.numel() * v.element_size(),
+                               "block_bytes": q.numel() * q.element_size()}
         recorder = TensorRecorder(d, memory_limit(world_size) if kind == "ring" else None)
         with recorder:
             out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
         row["calls"] = [(e.op, e.peer, e.nbytes) for e in calls]
         row["largest"], row["scores"], row["over"] = recorder.largest, recorder.scores, recorder.first_over
-        row["kv_bytes"] = k.numel() * k.element_size() + v.numel() * v.element_size()
-        row["block_bytes"] = q.numel() * q.element_size()
+        q_all, k_all, v_all = _data(seed + 7919 * i, heads, s, d, dtype_name)
         want = full_attention(q_all.double(), k_all.double(), v_all.double(), causal)[:, mine].to(q.dtype)
         if not isinstance(out, torch.Tensor):
             row["why"] = f"it returned {type(out).__name__}, not a tensor: return this rank's output block"
