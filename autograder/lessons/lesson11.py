@@ -50,10 +50,9 @@ RING_CASES = {1: ((False, "float64"), (True, "float64")),
               3: ((False, "float64"), (True, "float64")),
               4: ((False, "float64"), (True, "float64"), (False, "float32"))}
 MEMORY_WORLDS = (3, 4)  # from 3 ranks on, all the keys are larger than a block of scores or a K/V pair
-ZIGZAG_CASES = {1: ((True, "float64"),), 2: ((True, "float64"), (True, "float32")), 3: ((True, "float64"),),
-                4: ((True, "float64"),)}
-ULYSSES_CASES = {1: ((False, "float64"),), 2: ((False, "float64"), (True, "float64")),
-                 4: ((False, "float64"), (True, "float64"), (True, "float32"))}
+# Exercises 11.2 and 11.3 from 2 ranks: alone, a rank's zig-zag ring or all-to-all has nothing to exchange.
+ZIGZAG_CASES = {2: ((True, "float64"), (True, "float32")), 3: ((True, "float64"),), 4: ((True, "float64"),)}
+ULYSSES_CASES = {2: ((False, "float64"), (True, "float64")), 4: ((False, "float64"), (True, "float64"), (True, "float32"))}
 
 RING_REASON = ("Exercises 11.1 and 11.2 build ring attention yourself: keys and values travel from rank to rank with "
                "send, recv, isend, irecv or batch_isend_irecv, one block per step; a collective would hand every "
@@ -160,7 +159,7 @@ def _zigzag_self_check(attempt: Attempt) -> str:
         judge_balanced(attempt, world, replies)
     return ("Self-check passed on 3 ranks: every rank's output equals one process's causal attention on its two "
             "chunks, and every rank computed the same number of scores, the fully masked ones skipped. The hidden "
-            "tests also try 1, 2 and 4 ranks and float32.")
+            "tests also try 2 and 4 ranks and float32.")
 
 
 exercise_11_2 = Exercise(
@@ -169,7 +168,7 @@ exercise_11_2 = Exercise(
     title="zig-zag causal ring attention",
     parts=(
         Part("correct", 2, "every rank's output equals one process's causal attention on its chunks r and 2p - 1 - r "
-             "(1 to 4 ranks).", _part("zigzag", ZIGZAG_CASES, judge_correct)),
+             "(2 to 4 ranks).", _part("zigzag", ZIGZAG_CASES, judge_correct)),
         Part("balanced", 2, "every rank computes the same number of scores, and no more than the causal mask leaves: "
              "fully masked blocks skipped (counted).", _part("zigzag", ZIGZAG_CASES, judge_balanced, (2, 3, 4))),
     ),
@@ -186,7 +185,7 @@ def _ulysses_self_check(attempt: Attempt) -> str:
         judge_exchange(attempt, world, replies)
     return ("Self-check passed on 2 ranks, causal and not: the output equals one process's full attention, and "
             "all_to_all moved q, k and v to the heads split and the output back, 4 blocks' bytes per rank. The "
-            "hidden tests also try 1 and 4 ranks.")
+            "hidden tests also try 4 ranks and float32.")
 
 
 exercise_11_3 = Exercise(
@@ -194,8 +193,8 @@ exercise_11_3 = Exercise(
     function="ulysses_attention",
     title="(optional) Ulysses attention with all_to_all",
     parts=(
-        Part("correct", 1, "every rank's output block equals one process's full attention, causal and not, on 1, 2 "
-             "and 4 ranks.", _part("ulysses", ULYSSES_CASES, judge_correct)),
+        Part("correct", 1, "every rank's output block equals one process's full attention, causal and not, on 2 and "
+             "4 ranks.", _part("ulysses", ULYSSES_CASES, judge_correct)),
         Part("exchange", 1, "all_to_all only: q, k and v to the heads split and the output back, 4 blocks' bytes "
              "per rank.", _part("ulysses", ULYSSES_CASES, judge_exchange)),
     ),
