@@ -223,6 +223,26 @@ def zigzag_contiguous_mask(q, k, v):
     return ring(q, k, v, True)
 
 
+def zigzag_uneven(q, k, v):
+    """The instructor's zig-zag, plus one more block of scores on rank 0 only: right values, uneven work."""
+    from autograder.lessons.reference_attention import zigzag_attention
+
+    if dist.get_rank() == 0:
+        q @ k.transpose(-1, -2)
+    return zigzag_attention(q, k, v)
+
+
+def ulysses_twice(q, k, v, causal=False):
+    """The instructor's Ulysses, then the output exchanged a second time for nothing: right values, 4 blocks too many."""
+    from autograder.lessons.reference_attention import ulysses_attention
+
+    out = ulysses_attention(q, k, v, causal)
+    pieces = [t.contiguous() for t in out.chunk(dist.get_world_size(), dim=0)]
+    dist.all_to_all([torch.empty_like(t) for t in pieces], pieces)
+    dist.all_to_all([torch.empty_like(t) for t in pieces], pieces)
+    return out
+
+
 def ulysses_gathers(q, k, v, causal=False):
     ks = [torch.empty_like(k) for _ in range(dist.get_world_size())]
     dist.all_gather(ks, k)
@@ -336,6 +356,24 @@ def test_11_2_names_the_contiguous_layouts_mask(factory):
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, .*mask of Exercise 11\.1's contiguous "
                                              r"layout.*zigzag_positions"):
         exercise("11.2").grade(_ANSWERS["zigzag_contiguous_mask"], "correct")
+
+
+def test_11_2_balanced_names_uneven_work(factory):
+    """Does a zig-zag answer with right values where one rank computes more scores than the others fail balanced,
+    listing each rank's count?"""
+    with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, the ranks computed \[180, 108\] scores: the "
+                                             r"zig-zag split gives every rank the same causal work"):
+        exercise("11.2").grade(_ANSWERS["zigzag_uneven"], "balanced")
+
+
+def test_11_3_exchange_counts_the_bytes_through_all_to_all(factory):
+    """Does a Ulysses answer with right values that exchanges its output twice more lose the exchange part, with the
+    bytes it moved and the 4 blocks it should?"""
+    ex = exercise("11.3")
+    ex.grade(_ANSWERS["ulysses_twice"], "correct")
+    with pytest.raises(GradingFailure, match=r"exchange: on 2 ranks, not causal, float64, rank 0 passed 3456 bytes "
+                                             r"through all_to_all; .*4 x 576 = 2304 bytes per rank"):
+        ex.grade(_ANSWERS["ulysses_twice"], "exchange")
 
 
 def test_11_3_refuses_all_gather(factory):
