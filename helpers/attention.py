@@ -7,7 +7,7 @@ checks alike:
   sequence, cut into 2p chunks with rank r holding chunks r and 2p - 1 - r, so that every rank
   gets the same causal work;
 - :class:`TensorRecorder`: a ``TorchDispatchMode`` that notes, while it is active, the largest
-  tensor torch operations create (the memory a block-by-block attention must stay under) and
+  tensor (in bytes) torch operations create (the memory a block-by-block attention must stay under) and
   how many attention scores were computed (the work a causal mask leaves).
 
 Example (count the scores of a causal attention computed whole)::
@@ -50,16 +50,16 @@ class TensorRecorder:
     """A ``TorchDispatchMode`` that notes, while it is active, the largest tensor torch operations create and the
     attention scores computed.
 
-    ``largest`` is ``(elements, shape, op)`` of the largest tensor an operation returned that is not a view of
+    ``largest`` is ``(bytes, shape, op)`` of the largest tensor an operation returned that is not a view of
     another; ``scores`` the number of scores computed: the elements of every matrix product that contracts over
     the head width ``d`` (q k^T; p v contracts over keys), and L x S per head of a fused attention call.
-    With a ``limit`` (elements), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
+    With a ``limit`` (bytes), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
 
     >>> import torch
     >>> with TensorRecorder(d=3) as rec:
     ...     s = torch.ones(2, 4, 3) @ torch.ones(2, 3, 5)
     >>> rec.largest[:2], rec.scores
-    ((40, (2, 4, 5)), 40)
+    ((160, (2, 4, 5)), 40)
     """
 
     def __init__(self, d: int, limit: int | None = None) -> None:
@@ -96,10 +96,11 @@ class TensorRecorder:
             for t in tree_flatten(out)[0]:
                 if not isinstance(t, torch.Tensor):
                     continue
-                if t.numel() > self.largest[0]:
-                    self.largest = (t.numel(), tuple(t.shape), name)
-                if self.limit is not None and self.first_over is None and t.numel() > self.limit:
-                    self.first_over = (t.numel(), tuple(t.shape), name)
+                size = t.numel() * t.element_size()
+                if size > self.largest[0]:
+                    self.largest = (size, tuple(t.shape), name)
+                if self.limit is not None and self.first_over is None and size > self.limit:
+                    self.first_over = (size, tuple(t.shape), name)
         if name.startswith(_MATMULS):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             first = tensors[-2] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else tensors[0]

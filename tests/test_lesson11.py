@@ -121,6 +121,28 @@ def ring_kv_apart(q, k, v, causal=False):
     return o / l
 
 
+def ring_global_bool_mask(q, k, v, causal=False):
+    """Right: one n x s boolean mask from global positions, sliced per block (small: booleans)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]
+    row = torch.arange(p * n)[None, :] <= torch.arange(rank * n, (rank + 1) * n)[:, None]
+    acc, kv = None, torch.stack((k, v))
+    for step in range(p):
+        if step < p - 1:
+            kv_in = torch.empty_like(kv)
+            requests = [dist.isend(kv, (rank + 1) % p), dist.irecv(kv_in, (rank - 1) % p)]
+        j = (rank - step) % p
+        mask = row[:, j * n:(j + 1) * n] if causal else None
+        if mask is None or bool(mask.any()):
+            acc = _merge(acc, _block(q, kv[0], kv[1], mask))
+        if step < p - 1:
+            for r in requests:
+                r.wait()
+            kv = kv_in
+    o, _, l = acc
+    return o / l
+
+
 def ring_two_messages(q, k, v, causal=False):
     return ring(q, k, v, causal, how="two")
 
@@ -252,10 +274,11 @@ _ANSWERS = {"__name__": "lesson11_test_answers"}
 exec(compile(_SOURCE, "<11.x test answers>", "exec"), _ANSWERS)
 
 
-@pytest.mark.parametrize("answer", ["ring_two_messages", "ring_batched"])
+@pytest.mark.parametrize("answer", ["ring_two_messages", "ring_batched", "ring_global_bool_mask"])
 def test_11_1_gives_full_marks_to_k_and_v_as_two_messages_or_batched(factory, answer):
     """Does a ring that sends K and V as two messages a step (isend/irecv, or batch_isend_irecv) earn every part,
-    since it moves the same p - 1 blocks of keys and values to the same neighbour?"""
+    since it moves the same p - 1 blocks of keys and values to the same neighbour? And one whose causal mask is one
+    n x s boolean tensor, sliced per block (fewer bytes than a block of scores)?"""
     ex = exercise("11.1")
     for part in ("correct", "ring", "memory"):
         ex.grade(_ANSWERS[answer], part)
@@ -276,8 +299,8 @@ def test_11_1_memory_fails_an_answer_that_holds_every_key(factory):
     ex = exercise("11.1")
     ex.grade(_ANSWERS["holds_every_key"], "correct")
     ex.grade(_ANSWERS["holds_every_key"], "ring")
-    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) .*the most "
-                                             r"a step needs is 128 elements.*every rank's keys or values at once"):
+    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(1,536 "
+                                             r"bytes, by aten\.cat\.default\); the most a step needs is 1,024 bytes.*every rank's keys or values at once"):
         ex.grade(_ANSWERS["holds_every_key"], "memory")
 
 
@@ -397,4 +420,14 @@ def test_recorder_sees_the_largest_tensor_and_counts_scores_only():
         _ = torch.softmax(s, -1) @ v      # contracts over 3 keys: not scores
         _ = s.expand(4, 2, 6, 3)          # a view: nothing new
     assert rec.scores == 36
-    assert rec.largest[:2] == (60, (2, 6, 5))
+    assert rec.largest[:2] == (240, (2, 6, 5))  # bytes: 60 float32 numbers
+
+
+def test_helpers_attention_examples_run():
+    """Do the runnable examples in helpers.attention's docstrings (the zig-zag layout, the recorder) give what they show?"""
+    import doctest
+
+    import helpers.attention
+
+    result = doctest.testmod(helpers.attention)
+    assert result.attempted > 0 and result.failed == 0, result

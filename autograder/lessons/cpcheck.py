@@ -79,7 +79,7 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
         row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None,
                                "kv_bytes": k.numel() * k.element_size() + v.numel() * v.element_size(),
                                "block_bytes": q.numel() * q.element_size()}
-        recorder = TensorRecorder(d, memory_limit(world_size) if kind == "ring" else None)
+        recorder = TensorRecorder(d, memory_limit(world_size, q.element_size()) if kind == "ring" else None)
         with recorder:
             out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
         row["calls"] = [(e.op, e.peer, e.nbytes) for e in calls]
@@ -200,7 +200,6 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
     """No tensor created while the answer ran is larger than one block of scores per head (or one stacked K/V pair)."""
     sizes = SHAPES["ring"]
     h, b, d = sizes["heads"], sizes["block"], sizes["d"]
-    limit = memory_limit(p)
     for rank, rows in enumerate(replies):
         for row in rows:
             needed = h * b * p * b  # every query against every key, once
@@ -211,7 +210,9 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
                              "while it runs, so that what they create can be measured.")
             if row["over"] is None:
                 continue
-            n, shape, op = row["over"]
+            size, shape, op = row["over"]
+            item = row["block_bytes"] // (h * b * d)  # the inputs' bytes per number
+            limit, n = memory_limit(p, item), size // item
             what = ""
             if shape and shape[-1] == d and n >= h * p * b * d:
                 what = (f" That is every rank's {'keys or values' if n < 2 * h * p * b * d else 'keys and values'} "
@@ -220,10 +221,10 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
             elif shape and shape[-1] == p * b:
                 what = (f" That is a whole row of scores, {b} queries x all {p * b} keys: compute one {b} x {b} block "
                         "of scores per step and merge it with the online softmax.")
-            attempt.fail(f"{_where(p, row)}, rank {rank} created a tensor of shape {shape} ({n} elements, by {op}); "
-                         f"the most a step needs is {limit} elements: one {b} x {b} block of scores for each of the "
-                         f"{h} heads ({h * b * b}), or a key block and a value block stacked ({2 * h * b * d})."
-                         + what)
+            attempt.fail(f"{_where(p, row)}, rank {rank} created a tensor of shape {shape} ({size:,} bytes, by {op}); "
+                         f"the most a step needs is {limit:,} bytes: one {b} x {b} block of scores for each of the "
+                         f"{h} heads ({h * b * b} numbers of {item} bytes), or a key block and a value block stacked "
+                         f"({2 * h * b * d} numbers)." + what)
 
 
 def balanced_limit(p: int) -> int:

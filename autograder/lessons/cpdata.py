@@ -167,8 +167,13 @@ MISTAKES = {
 }
 
 
-def memory_limit(p: int) -> int:
-    """Exercise 11.1's memory rule in elements: one (s/p) x (s/p) block of scores per head, or one stacked K/V pair."""
+def memory_limit(p: int, itemsize: int = 8) -> int:
+    """Exercise 11.1's memory rule in bytes: one (s/p) x (s/p) block of scores per head, or one stacked K/V pair, of
+    numbers of ``itemsize`` bytes (a boolean mask of the same shape is smaller: it counts as what it takes).
+
+    >>> memory_limit(3), memory_limit(3, 4)
+    (1024, 512)
+    """
     sizes = SHAPES["ring"]
     h, b, d = sizes["heads"], sizes["block"], sizes["d"]
-    return max(h * b * b, 2 * h * b * d)
+    return max(h * b * b, 2 * h * b * d) * itemsize
