@@ -49,7 +49,7 @@ def _mask(kind, rank, source, n):
     raise ValueError(kind)
 
 
-def ring(q, k, v, causal=False, *, how="stacked", rescale=True, mask="right"):
+def ring(q, k, v, causal=False, *, how="stacked", rescale=True, mask="right", divide=True):
     rank, p = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % p, (rank - 1) % p
     acc = None
@@ -79,7 +79,7 @@ def ring(q, k, v, causal=False, *, how="stacked", rescale=True, mask="right"):
                 k_in, v_in = kv_in[0], kv_in[1]
             k, v = k_in, v_in
     o, _, l = acc
-    return o / l
+    return o / l if divide else o
 
 
 def ring_divides_each_step(q, k, v, causal=False):
@@ -141,6 +141,10 @@ def ring_global_bool_mask(q, k, v, causal=False):
             kv = kv_in
     o, _, l = acc
     return o / l
+
+
+def ring_never_divides(q, k, v, causal=False):
+    return ring(q, k, v, causal, divide=False)
 
 
 def ring_two_messages(q, k, v, causal=False):
@@ -325,6 +329,13 @@ def test_11_1_names_a_division_before_the_last_block(factory):
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*dividing by the running sum at every step.*"
                                              r"divide by the sum l once, after the last block"):
         exercise("11.1").grade(_ANSWERS["ring_divides_each_step"], "correct")
+
+
+def test_11_1_names_an_output_never_divided(factory):
+    """Does an answer that returns the merged o without dividing by l fail correct already on 1 rank, saying to
+    return o / l?"""
+    with pytest.raises(GradingFailure, match=r"(?s)correct: on 1 rank, .*never divided by their sum.*return o / l"):
+        exercise("11.1").grade(_ANSWERS["ring_never_divides"], "correct")
 
 
 def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):

@@ -98,6 +98,16 @@ def _blockwise(q, ks: list, vs: list, masks: list, *, rescale: bool = True, divi
     return o if divide_each_step else o / l
 
 
+def _unnormalised(q, k, v, q_pos=None):
+    """exp(s - m) v with m each row's largest score: merged blocks never divided by their sum l."""
+    import torch
+
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if q_pos is not None:
+        s = s.masked_fill(torch.arange(k.shape[-2])[None, :] > q_pos[:, None], float("-inf"))
+    return torch.exp(s - s.amax(-1, keepdim=True)) @ v
+
+
 def mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal: bool, block: int) -> dict:
     """What each usual mistake would give this rank (contiguous and zig-zag layouts): name -> output."""
     import torch
@@ -117,6 +127,7 @@ def mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal:
         "no_rescale": _blockwise(q, ks, vs, right_masks(), rescale=False),
         "divide_each_step": _blockwise(q, ks, vs, right_masks(), divide_each_step=True),
         "no_scale": full_attention(q * math.sqrt(q.shape[-1]), k_all, v_all, causal, qp, torch.arange(k_all.shape[1])),
+        "no_divide": _unnormalised(q, k_all, v_all, qp if causal else None),
     }
     if causal:
         n = len(pos[rank])
@@ -151,6 +162,8 @@ MISTAKES = {
     "divide_each_step": "Your output matches dividing by the running sum at every step: keep the output unnormalised "
                         "(the sum of exp(score - m) v) while blocks arrive, and divide by the sum l once, after the "
                         "last block.",
+    "no_divide": "Your output matches the merged blocks never divided by their sum: o gathers exp(score - m) v, so "
+                 "return o / l once the last block is merged.",
     "no_scale": "Your output matches attention without the 1/sqrt(d) scale: divide the scores q k^T by sqrt(d), "
                 "d being the head width (q.shape[-1]).",
     "no_mask": "Your output matches attention with no causal mask at all: with causal=True a query may only see keys "
