@@ -120,7 +120,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 15, 7: 10, 8: 6, 9: 10, 10: 19)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 15, 7: 10, 8: 6, 9: 10, 10: 19, 11: 14)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -145,6 +145,9 @@ def test_points_per_lesson_are_unchanged():
         "10.2": {"gradients": 3, "messages": 2, "bubble": 3, "no_hang": 1},
         "10.3": {"gradients": 1, "memory": 1, "bubble": 1},
         "10.4": {"gradients": 1, "bubble": 1},
+        "11.1": {"correct": 3, "ring": 2, "memory": 2, "no_hang": 1},
+        "11.2": {"correct": 2, "balanced": 2},
+        "11.3": {"correct": 1, "exchange": 1},
     }
 
 
@@ -862,7 +865,8 @@ def test_shared_pieces():
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
     "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
-    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck")]
+    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck", "lessons.cpcheck",
+    "lessons.cpdata")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""

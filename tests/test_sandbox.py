@@ -75,11 +75,12 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         import helpers, autograder.lessons.kit
         out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
                "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
-        try:
-            import autograder.lessons.reference
-            out["reference"] = "imported"
-        except ImportError:
-            out["reference"] = "missing"
+        for name in ("reference", "reference_attention"):
+            try:
+                __import__("autograder.lessons." + name)
+                out[name] = "imported"
+            except ImportError:
+                out[name] = "missing"
         try:
             open({str(PACKAGE_DIRS[1] / "reference.py")!r}).read()
             out["reference_file"] = "read"
@@ -88,7 +89,7 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         print(json.dumps(out))
     """)
     assert got["course"] == [], got
-    assert got["reference"] == "missing" and got["reference_file"] == "unreadable", got
+    assert got["reference"] == got["reference_attention"] == "missing" and got["reference_file"] == "unreadable", got
     assert "solutions" not in got["repo"] and "tests" not in got["repo"], got  # only the two packages are shown
     assert not any(name.startswith(".") and name not in (".venv", ".pyenv") for name in got["home"]), got
 
@@ -125,7 +126,7 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
     packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
     assert packages == ["course", "grading", "lessons", "release"], packages
     assert all(name.endswith(".py") or name in ("__pycache__", *packages) for name in seen), seen
-    assert "kit.py" in lessons and "reference.py" not in lessons, lessons
+    assert "kit.py" in lessons and "reference.py" not in lessons and "reference_attention.py" not in lessons, lessons
 
 
 @needs_sandbox

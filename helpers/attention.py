@@ -1,0 +1,111 @@
+"""Attention split over ranks: the zig-zag layout, and a recorder of what attention code creates and computes.
+
+Lesson 11 splits one sample's sequence over ranks. Two small tools serve its pictures and its
+checks alike:
+
+- :func:`zigzag_chunks` and :func:`zigzag_positions`: the zig-zag layout of a causal model's
+  sequence, cut into 2p chunks with rank r holding chunks r and 2p - 1 - r, so that every rank
+  gets the same causal work;
+- :class:`TensorRecorder`: a ``TorchDispatchMode`` that notes, while it is active, the largest
+  tensor (in bytes) torch operations create (the memory a block-by-block attention must stay under) and
+  how many attention scores were computed (the work a causal mask leaves).
+
+Example (count the scores of a causal attention computed whole)::
+
+    >>> import torch
+    >>> from helpers.attention import TensorRecorder
+    >>> q = k = torch.ones(2, 4, 3)
+    >>> with TensorRecorder(d=3) as rec:
+    ...     scores = q @ k.transpose(-1, -2)
+    >>> rec.scores, rec.largest[1]
+    (32, (2, 4, 4))
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["zigzag_chunks", "zigzag_positions", "TensorRecorder"]
+
+
+def zigzag_chunks(rank: int, world_size: int) -> tuple[int, int]:
+    """The two chunks of a sequence cut into 2p that rank ``rank`` holds in the zig-zag layout: r and 2p - 1 - r."""
+    return rank, 2 * world_size - 1 - rank
+
+
+def zigzag_positions(rank: int, world_size: int, chunk: int) -> list[int]:
+    """The sequence positions of rank ``rank``'s tokens in the zig-zag layout, in the order it holds them.
+
+    >>> zigzag_positions(0, 2, 2)
+    [0, 1, 6, 7]
+    """
+    return [c * chunk + i for c in zigzag_chunks(rank, world_size) for i in range(chunk)]
+
+
+_MATMULS = ("aten.mm.", "aten.bmm.", "aten.addmm.", "aten.baddbmm.", "aten.matmul.", "aten.dot.")
+_SDPA = ("aten._scaled_dot_product",)
+
+
+class TensorRecorder:
+    """A ``TorchDispatchMode`` that notes, while it is active, the largest tensor torch operations create and the
+    attention scores computed.
+
+    ``largest`` is ``(bytes, shape, op)`` of the largest tensor an operation returned that is not a view of
+    another; ``scores`` the number of scores computed: the elements of every matrix product that contracts over
+    the head width ``d`` (q k^T; p v contracts over keys), and L x S per head of a fused attention call.
+    With a ``limit`` (bytes), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
+
+    >>> import torch
+    >>> with TensorRecorder(d=3) as rec:
+    ...     s = torch.ones(2, 4, 3) @ torch.ones(2, 3, 5)
+    >>> rec.largest[:2], rec.scores
+    ((160, (2, 4, 5)), 40)
+    """
+
+    def __init__(self, d: int, limit: int | None = None) -> None:
+        self.d, self.limit = d, limit
+        self.largest: tuple[int, tuple, str] = (0, (), "")
+        self.first_over: tuple[int, tuple, str] | None = None
+        self.scores = 0
+        self._mode = None
+
+    def __enter__(self) -> "TensorRecorder":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        recorder = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                recorder._note(func, args, out)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+    def _note(self, func, args, out) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        name = str(func)
+        if not getattr(func, "is_view", False):
+            for t in tree_flatten(out)[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                size = t.numel() * t.element_size()
+                if size > self.largest[0]:
+                    self.largest = (size, tuple(t.shape), name)
+                if self.limit is not None and self.first_over is None and size > self.limit:
+                    self.first_over = (size, tuple(t.shape), name)
+        if name.startswith(_MATMULS):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            first = tensors[-2] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else tensors[0]
+            if first.dim() >= 1 and first.shape[-1] == self.d and isinstance(out, torch.Tensor):
+                self.scores += out.numel()
+        elif name.startswith(_SDPA):
+            q, k = args[0], args[1]
+            self.scores += math.prod(q.shape[:-1]) * k.shape[-2]
