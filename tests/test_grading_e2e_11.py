@@ -72,8 +72,8 @@ def ring_attention(q, k, v, causal=False):
     return torch.softmax(scores, dim=-1) @ values
 '''
 
-# dee's 11.3: the heads' pieces gathered back along the tokens instead of the heads.
-WRONG_ORDER = (("    return torch.cat(arrived, dim=0)", "    return torch.cat(arrived, dim=1).reshape(q.shape)"),)
+# dee's 11.3: the heads' pieces put back in the wrong order (rank by rank within each head block).
+WRONG_ORDER = (("    return arrived.reshape(heads, n, d)", "    return arrived.transpose(0, 1).reshape(heads, n, d)"),)
 
 # eli: one send too many (the block received at the last step passed on as well).
 ONE_MORE = (("    o, m, l = partial\n",

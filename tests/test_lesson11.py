@@ -263,10 +263,25 @@ def ulysses_twice(q, k, v, causal=False):
     from autograder.lessons.reference_attention import ulysses_attention
 
     out = ulysses_attention(q, k, v, causal)
-    pieces = [t.contiguous() for t in out.chunk(dist.get_world_size(), dim=0)]
-    dist.all_to_all([torch.empty_like(t) for t in pieces], pieces)
-    dist.all_to_all([torch.empty_like(t) for t in pieces], pieces)
+    dist.all_to_all_single(torch.empty_like(out), out.contiguous())
+    dist.all_to_all_single(torch.empty_like(out), out.contiguous())
     return out
+
+
+def ulysses_list(q, k, v, causal=False):
+    """Ulysses with the list form of all_to_all (a tensor per peer), which gloo has only in recent torch."""
+    p, (h, n, d) = dist.get_world_size(), q.shape
+
+    def swap(pieces, cat_dim):
+        got = [torch.empty_like(pieces[0]) for _ in range(p)]
+        dist.all_to_all(got, [t.contiguous() for t in pieces])
+        return torch.cat(got, dim=cat_dim)
+
+    qh, kh, vh = (swap(list(x.chunk(p, dim=0)), 1) for x in (q, k, v))
+    s = qh @ kh.transpose(-1, -2) / d ** 0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(p * n, p * n, dtype=torch.bool).tril(), float("-inf"))
+    return swap(list((torch.softmax(s, -1) @ vh).chunk(p, dim=1)), 0)
 
 
 def ulysses_gathers(q, k, v, causal=False):
@@ -408,6 +423,19 @@ def test_11_3_exchange_counts_the_bytes_through_all_to_all(factory):
     with pytest.raises(GradingFailure, match=r"exchange: on 2 ranks, not causal, float64, rank 0 passed 3456 bytes "
                                              r"through all_to_all; .*4 x 576 = 2304 bytes per rank"):
         ex.grade(_ANSWERS["ulysses_twice"], "exchange")
+
+
+def test_11_3_list_form_all_to_all_earns_full_marks_or_is_told_to_use_all_to_all_single(factory):
+    """Does the list form of all_to_all earn both parts where this torch's gloo has it, and, where it does not
+    (torch 2.4: "Backend gloo does not support alltoall"), does the learner read that all_to_all_single runs?"""
+    ex = exercise("11.3")
+    try:
+        ex.grade(_ANSWERS["ulysses_list"], "correct")
+    except GradingFailure as failure:
+        assert "does not support alltoall" in str(failure) and "use dist.all_to_all_single(output, input)" in str(failure)
+        assert "fault in the course's grading code" not in str(failure)
+    else:
+        ex.grade(_ANSWERS["ulysses_list"], "exchange")
 
 
 def test_11_3_refuses_all_gather(factory):

@@ -80,8 +80,19 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
                                "kv_bytes": k.numel() * k.element_size() + v.numel() * v.element_size(),
                                "block_bytes": q.numel() * q.element_size()}
         recorder = TensorRecorder(d, memory_limit(world_size, q.element_size()) if kind == "ring" else None)
-        with recorder:
-            out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
+        try:
+            with recorder:
+                out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
+        except RuntimeError as err:
+            if "does not support alltoall" not in str(err):
+                raise
+            # torch 2.4's gloo has all_to_all_single only: name the call that runs instead of blaming the checks
+            row.update(calls=[], largest=0, scores=0, over=None,
+                       why=(f"dist.all_to_all failed: {str(err).splitlines()[0]}. This torch's gloo has no list form; "
+                            "use dist.all_to_all_single(output, input), which cuts input along its first dimension "
+                            "into p equal pieces, piece j to rank j"))
+            rows.append(row)
+            continue
         row["calls"] = [(e.op, e.peer, e.nbytes) for e in calls]
         row["largest"], row["scores"], row["over"] = recorder.largest, recorder.scores, recorder.first_over
         q_all, k_all, v_all = _data(seed + 7919 * i, heads, s, d, dtype_name)

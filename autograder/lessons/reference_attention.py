@@ -97,23 +97,25 @@ def zigzag_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """Exercise 11.3: all-to-all from sequence-split to heads-split, whole attention on h/p heads, and back."""
+    """Exercise 11.3: all-to-all from sequence-split to heads-split, whole attention on h/p heads, and back.
+
+    ``all_to_all_single`` (one tensor, cut along its first dimension into p equal pieces, piece j to rank j)
+    runs on gloo in every torch the course supports; the list form ``all_to_all`` needs a newer gloo.
+    """
     p = dist.get_world_size()
-    h = q.shape[0]
+    h, n, d = q.shape
 
     def to_heads(x):                          # (h, s/p, d) -> (h/p, s, d): piece j of the heads goes to rank j
-        send = list(x.reshape(p, h // p, *x.shape[1:]).unbind(0))
-        got = [torch.empty_like(send[0]) for _ in range(p)]
-        dist.all_to_all(got, [t.contiguous() for t in send])
-        return torch.cat(got, dim=1)          # rank j's tokens come j-th: the whole sequence in order
+        got = torch.empty(p, h // p, n, d, dtype=x.dtype)
+        dist.all_to_all_single(got, x.reshape(p, h // p, n, d).contiguous())
+        return got.transpose(0, 1).reshape(h // p, p * n, d)   # rank j's tokens come j-th: the sequence in order
 
     qh, kh, vh = to_heads(q), to_heads(k), to_heads(v)
-    s = qh @ kh.transpose(-1, -2) / q.shape[-1] ** 0.5
+    s = qh @ kh.transpose(-1, -2) / d ** 0.5
     if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        m = s.shape[-1]
+        s = s.masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(), float("-inf"))
     out = torch.softmax(s, -1) @ vh           # (h/p, s, d)
-    send = [t.contiguous() for t in out.chunk(p, dim=1)]   # tokens of rank j go back to rank j
-    got = [torch.empty_like(send[0]) for _ in range(p)]
-    dist.all_to_all(got, send)
-    return torch.cat(got, dim=0)              # the heads in order: (h, s/p, d)
+    got = torch.empty(p, h // p, n, d, dtype=q.dtype)
+    dist.all_to_all_single(got, out.reshape(h // p, p, n, d).transpose(0, 1).contiguous())  # rank j's tokens back to j
+    return got.reshape(h, n, d)               # the heads in order: (h, s/p, d)
