@@ -11,7 +11,7 @@ from the answer:
 - dee: the keys and values passed round the ring but kept and concatenated, the scores computed
   in one row (right values, ring traffic, the memory the exercise avoids); 11.2 answered with
   that causal ring, whose mask is the contiguous layout's; 11.3 with the heads' pieces put back
-  along the wrong dimension;
+  in the wrong order;
 - eli: the block received at the last step passed on once more (p sends instead of p - 1); a
   zig-zag that computes every block whole and masks it instead of skipping.
 """
