@@ -652,6 +652,28 @@ def test_idle_factory_preloads_what_optimizers_import():
     assert launch(_has_dynamo, 2, output="quiet") == [True, True]
 
 
+_WARM_UP_PROBE = """
+import sys, time
+from helpers import launch
+def has_dynamo(rank, world_size):
+    import sys
+    return "torch._dynamo" in sys.modules
+first = launch(has_dynamo, 2, output="quiet")
+time.sleep(1.5)  # idle: five times what the factory waits before it warms up
+print(first, launch(has_dynamo, 2, output="quiet"))
+"""
+
+
+@pytest.mark.parametrize("setting, expected", [("now", "[True, True] [True, True]"), ("off", "[False, False] [False, False]")])
+def test_warm_up_setting_says_when_the_factory_imports_what_optimizers_import(setting, expected):
+    """HELPERS_WARM_UP=now: do the first ranks already start with torch._dynamo imported; =off (the grader's setting for
+    lessons whose ranks build no optimizer): do ranks still start without it after the factory sat idle?"""
+    env = {**os.environ, "HELPERS_WARM_UP": setting, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", _WARM_UP_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == expected, (done.stdout, done.stderr[-2000:])
+
+
 _STAND_IN_FOR_A_HUNG_RANK = """
 import signal, time
 signal.signal(signal.SIGUSR1, lambda *_: print("SIGUSR1", flush=True))

@@ -23,7 +23,7 @@ from typing import Any
 
 from .task import Task, write_files
 
-__all__ = ["Job", "Tail", "text_tail", "sweep", "RANK_FACTORY_ENV", "CLEAN_TIMEOUT", "PREFIX"]
+__all__ = ["Job", "Tail", "text_tail", "sweep", "RANK_FACTORY_ENV", "warm_up", "CLEAN_TIMEOUT", "PREFIX"]
 
 
 #: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
@@ -40,9 +40,23 @@ _KEEP_BYTES = 64 << 10
 
 #: For the kernel and the clean re-grade, which launch ranks (this process sets ``HELPERS_PRESTART=0``
 #: for itself, and the sandbox passes ``HELPERS_*`` on): the rank factory starts when helpers is
-#: imported, and imports at once what every rank that builds an optimizer would import again
-#: (see ``helpers._runtime.factory_process``). Without it lesson 05's clean checks took 10.3 s instead of 4.2 s.
-RANK_FACTORY_ENV = {"HELPERS_PRESTART": "1", "HELPERS_WARM_UP": "now"}
+#: imported. For the clean re-grade of a lesson whose ranks build optimizers it also imports at once
+#: what each of them would import again (see ``helpers._runtime.factory_process``; without it lesson
+#: 05's clean checks took 10.3 s instead of 4.2 s); for the other lessons, never (:func:`warm_up`).
+RANK_FACTORY_ENV = {"HELPERS_PRESTART": "1"}
+
+
+def warm_up(lesson: str, clean: bool) -> dict[str, str]:
+    """``HELPERS_WARM_UP`` for the rank factory of a kernel (``clean`` False) or of the clean re-grade
+    of ``lesson``: ahead ("now") for the clean re-grade and when idle (the default) for the kernel
+    where its ranks import ``torch._dynamo``, never ("off") where they do not: about a second of CPU
+    saved per process (:func:`autograder.lessons.registry.warm_ranks`)."""
+    from ..course.cells import lesson_number
+    from ..lessons.registry import warm_ranks
+
+    if not warm_ranks(lesson_number(Path(f"{lesson}.ipynb")), "checks" if clean else "kernel"):
+        return {"HELPERS_WARM_UP": "off"}
+    return {"HELPERS_WARM_UP": "now"} if clean else {}
 
 
 class Tail:
@@ -158,7 +172,8 @@ class Job:
 
         if kernel_stderr is None:
             return nbgrader_api(self.folder)
-        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_PRESTART": "1"}
+        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_PRESTART": "1",
+               **warm_up(self.task.lesson, clean=False)}
         self.autograded.mkdir(parents=True, exist_ok=True)
         box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
         kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
@@ -180,9 +195,10 @@ class Job:
         copy = self.clean_folder / "submission.ipynb"
         nbformat.write(notebook, copy)
         argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(self.notebook))]
+        factory_env = {**RANK_FACTORY_ENV, **warm_up(self.task.lesson, clean=True)}
         if self.task.sandboxed:
-            argv = self.box([self.clean_folder], RANK_FACTORY_ENV).wrap(argv)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **RANK_FACTORY_ENV)
+            argv = self.box([self.clean_folder], factory_env).wrap(argv)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **factory_env)
         env.pop("COURSE_CLEAN_RUN_DECIDES", None)
         with (self.folder / "clean.out").open("wb") as out, (self.folder / "clean.err").open("wb") as err:
             self.clean_started = time.monotonic()

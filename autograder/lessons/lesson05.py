@@ -373,4 +373,8 @@ exercise_5_2 = Exercise(
                   "average_gradients. DistributedDataParallel comes in lesson 6.",
 )
 
+# Its ranks build optimizers, in the notebook's cells and in the checks: their factory imports torch._dynamo once,
+# ahead (autograder.lessons.registry.warm_ranks).
+WARM_RANKS = ("kernel", "checks")
+
 EXERCISES = (exercise_5_1, exercise_5_2)

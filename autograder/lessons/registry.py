@@ -17,7 +17,7 @@ import sys
 
 from .kit import NUMBER, Exercise
 
-__all__ = ["exercise", "exercises"]
+__all__ = ["exercise", "exercises", "warm_ranks"]
 
 _LESSON_MODULE = re.compile(r"lesson(\d{2})$")
 
@@ -78,3 +78,23 @@ def exercise(number: str) -> Exercise:
             return ex
     known = ", ".join(e.number for e in _declared(modules[lesson], lesson))
     raise LookupError(f"autograder/lessons/lesson{lesson:02d}.py declares no exercise {number} (it has {known})")
+
+
+def warm_ranks(lesson: int, where: str) -> bool:
+    """Whether the ranks that ``where`` starts for this lesson import ``torch._dynamo``: "kernel"
+    (the notebook's own cells, as the grader runs them) or "checks" (the clean re-grade). A lesson
+    module says so with ``WARM_RANKS = ("kernel", "checks")`` or a part of it; the default is neither.
+
+    Building an optimizer imports it, about a second of CPU per rank. Where ranks do, their
+    factory imports it once ahead and every rank inherits it; where none does, that second
+    would be spent for nothing in every kernel and clean re-grade the grader starts
+    (``HELPERS_WARM_UP``, :mod:`autograder.grading.workfolder`). A wrong answer here costs
+    time, never a score.
+
+    >>> warm_ranks(5, "checks"), warm_ranks(9, "kernel"), warm_ranks(4, "checks")
+    (True, False, False)
+    """
+    if where not in ("kernel", "checks"):
+        raise ValueError(f"where is 'kernel' or 'checks', not {where!r}")
+    modules = _lesson_modules()
+    return lesson in modules and where in getattr(importlib.import_module(modules[lesson]), "WARM_RANKS", ())

@@ -84,7 +84,8 @@ class _Server:
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
-        warm = os.environ.get("HELPERS_WARM_UP") == "now"  # then _preload has done it
+        # "now": _preload has done it; "off": this process's ranks build no optimizer (see _warm_up).
+        warm = os.environ.get("HELPERS_WARM_UP") in ("now", "off")
         while True:
             if self.deferred:
                 if not self._handle(self.deferred.pop(0)):
@@ -290,6 +291,10 @@ def _warm_up(server: _Server) -> None:
     two loaded cores): the signals asked for them are sent, and those that exit reaped, while
     it runs (:class:`_ServingSignals`), so that a hang report still gets the ranks' stacks, an
     interrupt still reaches them and a stop is not held up.
+
+    ``HELPERS_WARM_UP=off`` never does it: for a process whose ranks build no optimizer, where
+    it would be a second of CPU spent for nothing (the grader sets it for the lessons whose
+    ranks never build one, :func:`autograder.lessons.registry.ranks_build_optimizers`).
     """
     serving = _ServingSignals(server)
     sys.meta_path.insert(0, serving)
