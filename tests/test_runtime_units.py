@@ -59,11 +59,18 @@ def learner(tmp_path: Path) -> str:
     return str(path)
 
 
-def dump(*frames: tuple[str, int, str], ident: str = "0x00007f0000000001") -> str:
-    """A faulthandler dump of one thread, innermost frame first, ending in the factory's start-up line."""
+#: The outer frames of a rank's main thread: the factory's loop, then how the factory started, a `python -c`
+#: module or (forked from the grader's clean re-grade: helpers._runtime.factory.fork_factory) that process's frames.
+FACTORY_LOOP = (f"{HELPERS}/_runtime/factory_process.py", 103, "serve"), (f"{HELPERS}/_runtime/factory_process.py", 357, "serve")
+STARTED_FRESH = (("<string>", 1, "<module>"),)
+STARTED_FORKED = ((f"{HELPERS}/_runtime/factory.py", 268, "__init__"), (f"{HELPERS}/_runtime/factory.py", 341, "fork_factory"),
+                  ("/course/autograder/grading/clean.py", 330, "main"), ("<frozen runpy>", 88, "_run_code"))
+
+
+def dump(*frames: tuple[str, int, str], ident: str = "0x00007f0000000001", started=STARTED_FRESH) -> str:
+    """A faulthandler dump of one thread, innermost frame first, ending in the factory's loop and start."""
     lines = [f"Current thread {ident} (most recent call first):"]
-    lines += [f'  File "{filename}", line {line} in {name}' for filename, line, name in frames]
-    lines.append('  File "<string>", line 1 in <module>')
+    lines += [f'  File "{filename}", line {line} in {name}' for filename, line, name in (*frames, *FACTORY_LOOP, *started)]
     return "\n".join(lines) + "\n"
 
 
@@ -167,7 +174,21 @@ def test_a_dump_is_split_into_threads_and_the_main_thread_is_found(learner):
     assert diagnose.main_stack(text, None) == diagnose.main_stack(later, None)  # unknown main thread: the last one
     assert diagnose.main_stack("", None) == []
     whole = in_recv(learner).encode()
-    assert diagnose.dump_complete(whole) and not diagnose.dump_complete(whole[: whole.rindex(b"<string>")])
+    assert diagnose.dump_complete(whole) and not diagnose.dump_complete(whole[: whole.index(b"factory_process.py")])
+    # Complete with the factory's loop: what follows is how the factory started, whichever way it did.
+    assert diagnose.dump_complete(whole[: whole.index(b"<string>")])
+
+
+def test_a_rank_of_a_forked_factory_reads_as_one_of_a_fresh_one(learner):
+    """A factory forked from the grader's clean re-grade leaves that process's frames under every rank's stack: are they
+    left out, so that the stack, the learner's frame and the report are those of a factory started fresh?"""
+    frames = (f"{TORCH}/distributed_c10d.py", 2501, "recv"), (learner, 3, "ring"), (f"{HELPERS}/_runtime/rank.py", 200, "_run")
+    fresh, forked = dump(*frames), dump(*frames, started=STARTED_FORKED)
+    assert diagnose.main_stack(forked, None) == diagnose.main_stack(fresh, None)
+    assert diagnose.main_stack(forked, None)[-1]["name"] == "_run"
+    assert diagnose.format_stack(diagnose.main_stack(forked, None)) == diagnose.format_stack(diagnose.main_stack(fresh, None))
+    assert "clean.py" not in diagnose.format_stack(diagnose.main_stack(forked, None))
+    assert diagnose.dump_complete(forked.encode()[: forked.encode().index(b"clean.py")])
 
 
 def test_the_call_is_torch_distributeds_own_function_and_the_line_the_learners(learner):

@@ -317,6 +317,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m autograder.grading.clean NOTEBOOK LESSON_NUMBER", file=sys.stderr)
         return 2
+    # First thing, before any torch operation: this process's rank factory is a fork of it, so
+    # torch is imported once for both (helpers._runtime.factory.fork_factory says why it is safe).
+    from helpers._runtime.factory import fork_factory
+
+    fork_factory()
     _not_traceable()
     from helpers._runtime import wire as _wire
 

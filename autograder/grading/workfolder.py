@@ -38,12 +38,12 @@ PREFIX = "course-grading-"
 _KEEP_BYTES = 64 << 10
 
 
-#: For the kernel and the clean re-grade, which launch ranks (this process sets ``HELPERS_PRESTART=0``
-#: for itself, and the sandbox passes ``HELPERS_*`` on): the rank factory starts when helpers is
-#: imported. For the clean re-grade of a lesson whose ranks build optimizers it also imports at once
-#: what each of them would import again (see ``helpers._runtime.factory_process``; without it lesson
-#: 05's clean checks took 10.3 s instead of 4.2 s); for the other lessons, never (:func:`warm_up`).
-RANK_FACTORY_ENV = {"HELPERS_PRESTART": "1"}
+#: For the clean re-grade (the sandbox passes ``HELPERS_*`` on): its rank factory is a fork of it,
+#: made first thing (autograder.grading.clean), not a fresh interpreter started when helpers is
+#: imported. For a lesson whose ranks build optimizers the factory also imports at once what each of
+#: them would import again (see ``helpers._runtime.factory_process``; without it lesson 05's clean
+#: checks took 10.3 s instead of 4.2 s); for the other lessons, never (:func:`warm_up`).
+RANK_FACTORY_ENV = {"HELPERS_PRESTART": "0"}
 
 
 def warm_up(lesson: str, clean: bool) -> dict[str, str]:

@@ -42,22 +42,30 @@ __all__ = ["parse_dump", "dump_complete", "main_stack", "describe_wait", "format
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
-#: The start of the last line of a rank's main-thread stack in a dump: its outermost frame is
-#: the rank factory's `python -c` module (see helpers._runtime.factory).
-_DUMP_END = b'File "<string>", line'
+#: A rank's main thread runs inside the rank factory's loop (helpers._runtime.factory_process's
+#: ``serve``): the frames outside it are the factory's own start, a ``python -c`` module, or the
+#: frames of the process it was forked from (helpers._runtime.factory.fork_factory), never the
+#: learner's. Once the loop's frame has arrived, a dump (innermost frame first) holds every frame
+#: of the rank's own.
+_FACTORY_LOOP = re.compile(r'factory_process\.py", line \d+ in serve$', re.M)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/, not helpers/_runtime/
 
 
 def parse_dump(text: str) -> list[dict[str, Any]]:
-    """Split a faulthandler dump into threads, each with frames innermost first."""
+    """Split a faulthandler dump into threads, each with frames innermost first, up to the rank
+    factory's loop (the frames outside it are how the factory started, not the rank's)."""
     threads: list[dict[str, Any]] = []
+    inside = False
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
             threads.append({"ident": int(m.group(2), 16), "current": m.group(1).startswith("Current"), "frames": []})
+            inside = True
             continue
+        if _FACTORY_LOOP.search(line):
+            inside = False
         m = _FRAME.match(line)
-        if m and threads:
+        if m and threads and inside:
             threads[-1]["frames"].append(
                 {"filename": m.group(1), "lineno": int(m.group(2)), "name": m.group(3).strip()}
             )
@@ -65,14 +73,16 @@ def parse_dump(text: str) -> list[dict[str, Any]]:
 
 
 def dump_complete(data: bytes) -> bool:
-    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: its last
-    line, the factory's start-up frame, has arrived (a dump comes line by line, innermost first).
+    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: the whole
+    line of the rank factory's loop has arrived (a dump comes line by line, innermost first;
+    what follows is how the factory started).
 
-    >>> dump_complete(b'  File "x.py", line 3 in f\\n'), dump_complete(b'  File "<string>", line 1 in <module>\\n')
-    (False, True)
+    >>> dump_complete(b'  File "x.py", line 3 in f\\n')
+    False
+    >>> dump_complete(b'  File "/h/helpers/_runtime/factory_process.py", line 103 in serve\\n')
+    True
     """
-    end = data.rfind(_DUMP_END)
-    return end >= 0 and b"\n" in data[end:]
+    return any(_FACTORY_LOOP.search(line) for line in data.decode("utf-8", "replace").split("\n")[:-1])
 
 
 def main_stack(text: str, main_ident: int | None) -> list[dict[str, Any]]:
@@ -103,8 +113,8 @@ is_distributed = _is_distributed
 
 
 def _is_bootstrap(frame: dict[str, Any], frames: list[dict[str, Any]]) -> bool:
-    # The factory runs as `python -c "...serve(fd)"`: every rank's outermost frame is that
-    # "<string>" module, which is ours, not the learner's.
+    # A dump cut short of the factory's loop may end in its `python -c "...serve(fd)"` module,
+    # "<string>", which is ours, not the learner's.
     return frame is frames[-1] and frame["filename"] == "<string>"
 
 

@@ -11,6 +11,11 @@ reaps, and signals ranks on request, and reports each rank's exit status. Only t
 signals ranks, and only ranks it has forked and not yet reaped, so a stale process id can
 never hit an unrelated process.
 
+A process that has just imported torch and run nothing else (the grader's clean re-grade)
+may instead make its factory a fork of itself (:func:`fork_factory`): that child is in the
+state a fresh factory reaches after its imports, and the second ``import torch`` (a second
+or more of CPU) is saved.
+
 When the kernel goes away, for whatever reason, the socket reaches end of file: the
 factory kills every rank's process group and exits. Each rank also asks Linux to kill it
 if the factory dies (``PR_SET_PDEATHSIG``).
@@ -29,8 +34,10 @@ Example (kernel side)::
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +49,7 @@ from . import wire as _wire
 from .wire import MAX_PACKET, send_message
 from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
 
-__all__ = ["Factory", "get_factory", "shutdown_factory", "FactoryError"]
+__all__ = ["Factory", "get_factory", "fork_factory", "shutdown_factory", "FactoryError"]
 
 class FactoryError(RuntimeError):
     """The rank factory could not be started or stopped answering."""
@@ -53,28 +60,34 @@ class Factory:
 
     ``prelude`` is Python source the factory process runs before its loop (empty for the
     kernel's own factory; the tests use it to hold new ranks at a point of their start-up).
+    ``fork`` makes the factory a fork of this process instead of a fresh interpreter (see
+    :func:`fork_factory`, which says when that is right).
     """
 
-    def __init__(self, prelude: str = "") -> None:
+    def __init__(self, prelude: str = "", fork: bool = False) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        code = (
-            "import sys; sys.path.insert(0, %r)\n%s\n"
-            "from helpers._runtime.factory_process import serve; serve(%d)" % (package_parent, prelude, child.fileno())
-        )
-        env = dict(os.environ)
-        env.pop("MPLBACKEND", None)
-        env["HELPERS_PRESTART"] = "0"  # importing helpers in there must not start another
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", code],
-            pass_fds=(child.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            # Never the kernel's stderr: ipykernel forwards it into the running cell.
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # the stop button's SIGINT is ours to forward
-            env=env,
-        )
+        self.forked = fork and not prelude
+        if self.forked:
+            self.process: subprocess.Popen | _ForkedProcess = _ForkedProcess(child)
+        else:
+            package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            code = (
+                "import sys; sys.path.insert(0, %r)\n%s\n"
+                "from helpers._runtime.factory_process import serve; serve(%d)" % (package_parent, prelude, child.fileno())
+            )
+            env = dict(os.environ)
+            env.pop("MPLBACKEND", None)
+            env["HELPERS_PRESTART"] = "0"  # importing helpers in there must not start another
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", code],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                # Never the kernel's stderr: ipykernel forwards it into the running cell.
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # the stop button's SIGINT is ours to forward
+                env=env,
+            )
         child.close()
         self.sock = parent
         self.pid = self.process.pid
@@ -197,6 +210,87 @@ class Factory:
             listener(None)
 
 
+class _ForkedProcess:
+    """The factory as a fork of this process, with what :class:`Factory` uses of a
+    :class:`subprocess.Popen` (``pid``, ``poll``, ``wait``, ``kill``).
+
+    The child is set up as the fresh interpreter would be: a session of its own, its standard
+    streams on ``/dev/null``, no file descriptor of this process but its end of the socket,
+    Python's signal handlers back to their defaults, ``HELPERS_PRESTART=0`` and no plotting
+    backend, readable by its own user. ``gc.freeze()`` comes first, so that no object it inherited
+    is ever collected there (one would close a descriptor whose number a rank's pipe has since).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = sock.fileno()
+        pid = os.fork()
+        if pid == 0:  # the factory; it never returns from here
+            try:
+                gc.freeze()
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDWR)
+                for std in (0, 1, 2):
+                    os.dup2(null, std)
+                os.closerange(3, fd)
+                os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+                signal.set_wakeup_fd(-1)
+                for sig in signal.valid_signals():
+                    try:
+                        if callable(signal.getsignal(sig)):
+                            signal.signal(sig, signal.SIG_DFL)
+                    except (OSError, ValueError, TypeError):
+                        pass
+                os.environ.pop("MPLBACKEND", None)
+                os.environ["HELPERS_PRESTART"] = "0"
+                _set_dumpable()
+                from .factory_process import serve
+
+                serve(fd)
+            finally:
+                os._exit(0)
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone all the same
+                self.returncode = -1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"rank factory {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _set_dumpable() -> None:
+    """Let the forked factory's own user read it, as a fresh process may be read (the grader's
+    clean re-grade makes itself unreadable to the learner's ranks; its factory need not be)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
 _factory: Factory | None = None
 _factory_lock = threading.Lock()
 
@@ -215,6 +309,37 @@ def get_factory(wait: bool = True) -> Factory:
     return factory
 
 
+def fork_factory() -> Factory:
+    """Start this process's rank factory as a fork of it, and return it (not waiting until it is ready).
+
+    Call it only in a process that has imported what the factory imports and has run nothing
+    else yet: no torch operation (one running OpenMP's threads leaves a fork that hangs in its
+    first parallel region), no CUDA, no thread of its own, no process group. Such a child is in
+    the very state a fresh factory reaches after its imports, so no second ``import torch`` is
+    paid. Where any of that cannot be told to hold (CUDA initialised, a process group, a second
+    Python thread), the factory is started fresh as usual. The grader's clean re-grade
+    (:mod:`autograder.grading.clean`) calls it first thing; a notebook kernel never can.
+    """
+    global _factory
+    import cloudpickle  # noqa: F401 - what factory_process._preload imports, imported here before the fork
+    import torch
+    import torch.distributed as dist
+    import torch.nn  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+    import torch.optim  # noqa: F401
+
+    from . import rank as _rank  # noqa: F401
+
+    safe = (threading.active_count() == 1 and not torch.cuda.is_initialized()
+            and not (dist.is_available() and dist.is_initialized()))
+    with _factory_lock:
+        if _factory is None or not _factory.alive or _factory.owner_pid != os.getpid():
+            if _factory is not None and _factory.owner_pid == os.getpid():
+                _factory.close()
+            _factory = Factory(fork=safe)
+        return _factory
+
+
 def shutdown_factory() -> None:
     """Stop the rank factory (it is started again by the next launch)."""
     global _factory
@@ -227,7 +352,9 @@ def shutdown_factory() -> None:
 def _forget_in_forked_child() -> None:
     # A fork of the kernel must not keep the factory's socket open: the factory would then
     # outlive the kernel, since it only exits when every copy of the socket is closed.
-    global _factory
+    # The lock too: a fork made while it was held (fork_factory) would otherwise never get it.
+    global _factory, _factory_lock
+    _factory_lock = threading.Lock()
     if _factory is not None:
         try:
             _factory.sock.close()
