@@ -9,6 +9,7 @@ left nothing at all.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -162,3 +163,24 @@ def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
     assert sorted(run.threads) == ["0", "1", "2", "3"]
     for rank, names in run.threads.items():
         assert not [n for n in names if "gloo" in n], f"rank {rank} still ran {names} at exit"
+
+
+def test_a_peer_that_lost_its_connection_comes_after_the_rank_whose_end_caused_it(tmp_path):
+    """From the records a job leaves: rank 1 killed (its agent noticed it late, in whole seconds) and rank 3 raising
+    gloo's 'Connection reset by peer' a moment before that: is rank 1 the first to fail, rank 3 after it, and one
+    stopped by its agent (SIGTERM) last? (Under load the agent's late time once put rank 3 first.)"""
+    from autograder.lessons.torchrun import ScriptRun, _read_records
+
+    (tmp_path / "failures-0.json").write_text(json.dumps([
+        {"rank": 1, "local_rank": 1, "exitcode": -9, "timestamp": 1700000002},
+        {"rank": 0, "local_rank": 0, "exitcode": -15, "timestamp": 1700000002}]))
+    (tmp_path / "failures-1.json").write_text(json.dumps([{"rank": 3, "local_rank": 1, "exitcode": 1,
+                                                           "timestamp": 1700000003}]))
+    error = tmp_path / "error-3.json"
+    error.write_text(json.dumps({"type": "RuntimeError", "frames": [], "message": "[../gloo/transport/tcp/pair.cc:537] "
+                                 "Read error [127.0.0.1]:22253: Connection reset by peer. This is typically caused by a "
+                                 "remote worker hanging"}))
+    os.utime(error, (1700000001.5, 1700000001.5))  # before the agent's time for rank 1
+    run = ScriptRun(nnodes=2, nproc=2, folder=tmp_path, codes=[1, 1], output=[])
+    _read_records(run)
+    assert [(f.rank, f.signal) for f in run.failures] == [(1, "SIGKILL"), (3, None), (0, "SIGTERM")], run.failures

@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import json
+import re
 import shutil
 import signal
 import sys
@@ -261,9 +262,23 @@ def _read_records(run: ScriptRun) -> None:
         if mine:
             run.stacks[path.stem.split("-", 1)[1]] = mine
     # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely
-    # stopped by its agent because another one had failed: it comes after every other failure.
+    # stopped by its agent because another one had failed, and one whose backend lost its connection
+    # to a peer failed because that peer had gone: they come after every other failure. (A killed
+    # process has only its agent's time of noticing, whole seconds and late on a busy machine; its
+    # peers' "connection reset" could otherwise come first.)
     failures = [failure for node in range(run.nnodes) for failure in _read_failures(folder, node)]
-    run.failures = sorted(failures, key=lambda f: (f.signal in ("SIGTERM", "SIGINT"), f.when, f.agent, f.rank))
+    run.failures = sorted(failures, key=lambda f: (f.signal in ("SIGTERM", "SIGINT"), lost_a_peer(f), f.when,
+                                                   f.agent, f.rank))
+
+
+#: What gloo and NCCL raise in a process whose peer went away (its socket closed under it).
+_PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Broken pipe|ECONNRESET|EPIPE", re.I)
+
+
+def lost_a_peer(failure: Failure) -> bool:
+    """Whether ``failure`` is a process's backend losing its connection to another process: the
+    consequence of that process's end, not a cause of its own."""
+    return bool(failure.exc_type) and bool(_PEER_GONE.search(failure.exc_message))
 
 
 def _last_lines(path: Path | None, n: int = STDERR_LINES) -> list[str]:

@@ -42,11 +42,8 @@ __all__ = ["parse_dump", "dump_complete", "main_stack", "describe_wait", "format
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
-#: A rank's main thread runs inside the rank factory's loop (helpers._runtime.factory_process's
-#: ``serve``): the frames outside it are the factory's own start, a ``python -c`` module, or the
-#: frames of the process it was forked from (helpers._runtime.factory.fork_factory), never the
-#: learner's. Once the loop's frame has arrived, a dump (innermost frame first) holds every frame
-#: of the rank's own.
+#: A rank's main thread runs in the factory's loop (factory_process's ``serve``); the frames outside
+#: it are how the factory started (``python -c``, or the process that forked it: factory.fork_factory).
 _FACTORY_LOOP = re.compile(r'factory_process\.py", line \d+ in serve$', re.M)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/, not helpers/_runtime/
 
@@ -73,9 +70,8 @@ def parse_dump(text: str) -> list[dict[str, Any]]:
 
 
 def dump_complete(data: bytes) -> bool:
-    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: the whole
-    line of the rank factory's loop has arrived (a dump comes line by line, innermost first;
-    what follows is how the factory started).
+    """Whether faulthandler's output ``data`` holds a rank's whole main-thread stack: the line of the
+    factory's loop has arrived whole (a dump comes line by line, innermost first).
 
     >>> dump_complete(b'  File "x.py", line 3 in f\\n')
     False
