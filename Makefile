@@ -75,7 +75,7 @@ test: venv
 # Not part of `make test`: the modules most exposed to timing (kernels, %%distributed, the ranks'
 # output, the browser, a graded class) run SOAK_RUNS times each while SOAK_LOAD busy processes
 # keep the cores occupied; every failure is a bug to fix at its cause. Logs: SOAK_OUT/.
-# devtools/soak.py says more; SOAK_GROUPS picks some of kernel,magics,output,browser,grading.
+# devtools/soak.py says more; SOAK_GROUPS picks some of kernel,magics,output,browser,grading,hub.
 SOAK_RUNS   ?= 10
 SOAK_LOAD   ?= $(shell nproc 2>/dev/null || echo 2)
 SOAK_GROUPS ?= kernel,magics,output,browser,grading

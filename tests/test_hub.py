@@ -190,14 +190,20 @@ class Users:
                 pids.append(int(entry))
         return pids
 
+    def end_processes(self) -> None:
+        """SIGTERM to every process of these users (their servers, kernels, ranks), SIGKILL after 10 s."""
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            for pid in self.processes():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            if wait_until(lambda: not self.processes(), grace, interval=0.2):
+                return
+
     def remove(self) -> list[str]:
         """End these users' processes, then remove the users and the group; what could not be removed."""
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_until(lambda: not self.processes(), 10, interval=0.2)
+        self.end_processes()
         problems = []
         for name in self.made:
             done = subprocess.run(["userdel", "-r", name], capture_output=True, text=True)
@@ -245,15 +251,24 @@ class Hub:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> bool:
-        """SIGTERM to the hub's group (it stops every user's server), SIGKILL what is left after 30 s."""
+    def stop(self, users: Users | None = None) -> bool:
+        """Stop the hub as an instructor would (SIGTERM to JupyterHub, which stops every user's server and its
+        proxy), then SIGKILL whatever of its process group, and of ``users``' processes, is left after 30 s."""
         started = descendants_of(self.proc.pid)
-        for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            hub_pid = int((self.state / "jupyterhub.pid").read_text())
+        except (OSError, ValueError):
+            hub_pid = None
+        if hub_pid in started:
+            os.kill(hub_pid, signal.SIGTERM)
+            wait_until(lambda: self.proc.poll() is not None and (users is None or not users.processes()), 30,
+                       interval=0.2)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            if wait_until(lambda: not group_alive(self.proc.pid), grace, interval=0.2):
+            if wait_until(lambda: not group_alive(self.proc.pid), 10, interval=0.2):
                 break
         self.proc.wait(10)
         for pid in started:  # servers run in sessions of their own: end any the hub left
@@ -290,10 +305,12 @@ def hub_world():
         yield {"users": users, "hub": hub, "instructor": instructor, "learners": learners, "course": course,
                "work": work}
     finally:
-        ended = hub.stop() if hub is not None else True
+        ended = hub.stop(users) if hub is not None else True
+        left = users.processes()  # the hub stops every user's server, and their kernels and ranks with it
         problems = users.remove()
         shutil.rmtree(work, ignore_errors=True)
         assert ended, "the hub's process group was still there after SIGKILL"
+        assert not left, f"processes of the hub's users outlived the hub: {left}"
         assert not problems, problems
 
 
@@ -530,6 +547,7 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
             assert pages, f"{person.name} fetched no feedback"
             person.page.goto(f"{person.base}/files/{LESSON}/feedback/{pages[-1].parent.name}/{LESSON}.html")
             text = person.page.locator("body").inner_text()
+            person.page.get_by_text('Exercise 4.4, part "correct"').first.scroll_into_view_if_needed()
             person.shot("8-feedback")
             for words in expected:
                 assert words in text, f"{person.name}'s feedback lacks {words!r}"
@@ -572,3 +590,30 @@ def row_max(course: Path) -> float:
     """The lesson's maximum score, from the exported grades."""
     rows = list(csv.DictReader((course / "autograder" / "grades.csv").open()))
     return float(rows[0]["max_score"])
+
+
+# --------------------------------------------------------------------------- `make hub` refusing bad input
+
+
+def _make_hub(*settings: str, user: str | None = None) -> subprocess.CompletedProcess:
+    command = ["make", "--no-print-directory", "hub", *settings]
+    if user is not None:
+        command = ["runuser", "-u", user, "--", *command]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_make_hub_refuses_a_taken_port_and_a_missing_instructor(hub_world):
+    """Does `make hub` stop with what happened, the values and the next step, when its port is taken or the
+    instructor is not a Unix user, before it changes anything?"""
+    hub = hub_world["hub"]
+    taken = _make_hub(f"HUB_PORT={hub.port}", f"HUB_INSTRUCTOR={hub_world['instructor']}",
+                      f"HUB_COURSE={hub_world['course']}", f"HUB_STATE={hub_world['work'] / 'state2'}")
+    assert taken.returncode != 0
+    assert f"port {hub.port} on 127.0.0.1 is taken" in taken.stderr and f"HUB_PORT={hub.port + 1}" in taken.stderr, \
+        taken.stderr
+    nobody = _make_hub("HUB_INSTRUCTOR=no-such-teacher-here", f"HUB_COURSE={hub_world['course']}",
+                       f"HUB_STATE={hub_world['work'] / 'state2'}")
+    assert nobody.returncode != 0
+    assert "'no-such-teacher-here' is not a Unix user" in nobody.stderr and "useradd -m no-such-teacher-here" in \
+        nobody.stderr, nobody.stderr
+    assert not (hub_world["work"] / "state2").exists(), "a refused `make hub` still prepared its folder"
