@@ -26,7 +26,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak hub collect test-compat bench bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
 
 venv: $(STAMP)
 
@@ -105,8 +105,9 @@ test-compat:
 #   bench-ring     lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB
 #   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
 #   bench-grading  seconds to autograde one learner's submission of each lesson
+#   bench-hub      one learner's server on the hub running lesson 04: memory and CPU (hub_bench.py)
 # bench-NAME runs bench/NAME_bench.py.
-BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading
+BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading bench-hub
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py
