@@ -155,6 +155,9 @@ def course_id(course: Path) -> str:
 def prepare_state(state: Path, course: Path, exchange: Path) -> None:
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o711)  # others pass through to the learner folders; the hub's database and secret stay root's
+    database = state / "jupyterhub.sqlite"
+    database.touch(mode=0o600)  # SQLite keeps the file's mode (and gives its journal the same)
+    database.chmod(0o600)
     release = state / "learner-course"
     env = {k: v for k, v in os.environ.items() if k != "COURSE_ROOT"}  # the learner release of this repository
     built = subprocess.run([sys.executable, "-m", "autograder", "release", "--allow-colab-placeholder", str(release)],

@@ -574,6 +574,8 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
             "the other learner's collected submission": lambda other: (
                 course / "autograder" / "submitted" / other / LESSON / f"{LESSON}.ipynb"),
             "the solutions": lambda other: course / "solutions" / LESSON / f"{LESSON}.ipynb",
+            "the hub's database": lambda other: hub.state / "jupyterhub.sqlite",
+            "the hub's cookie secret": lambda other: hub.state / "jupyterhub_cookie_secret",
         }
         for who, other in ((ann, ben), (ben, ann)):
             paths = {what: str(where(other)) for what, where in secret.items()}
