@@ -60,7 +60,9 @@ SELF_CHECK, TRY_IT = "self-check-ex4_4", "out = launch(lambda rank, world_size: 
 DELETED_TEST = "test-ex4_4-no-hang"
 #: Exercise 4.4's graded parts and their points: each has a verdict line in the feedback.
 PARTS_44 = {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1}
-PORT_TAKEN = "is taken"
+#: What `make hub` (its own port), JupyterHub (its API port) or the proxy print when a port chosen free
+#: was taken before it was bound: the hub is then started again on other ports.
+PORT_TAKEN = ("is taken", "Address already in use", "EADDRINUSE")
 
 # Rewrites a fetched notebook as its owner: answers by grade_id, some cells deleted. Run with the
 # hub's Python as that Unix user, so the file stays theirs and nothing of root's touches it.
@@ -234,9 +236,9 @@ class Hub:
             self.url = f"http://127.0.0.1:{self.port}"
             if self._wait_up(300):  # the first `make hub` on a machine may build its venv (about a minute)
                 return
-            if PORT_TAKEN not in self.output() or attempt == 3:
+            self.stop()
+            if not any(words in self.output() for words in PORT_TAKEN) or attempt == 3:
                 break
-        self.stop()
         raise AssertionError(f"`make hub` did not serve the hub's login page:\n{self.output()[-4000:]}")
 
     def _wait_up(self, seconds: float) -> bool:
