@@ -21,6 +21,7 @@ the instructor's server)::
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -41,10 +42,13 @@ def collect_from_exchange(lesson: str) -> Path:
     if log:
         print(log)
     if not result.get("success"):
+        lines = [line for line in (result.get("error") or "").splitlines() if line.strip()]
+        telling = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else "no reason given"
         exchange = os.environ.get("COURSE_EXCHANGE") or "nbgrader's exchange folder"
-        raise RuntimeError(f"nbgrader could not collect {lesson} from the exchange ({exchange}): "
-                           f"{(result.get('error') or '').strip() or 'no reason given'}. Was it released "
-                           f"(`nbgrader release_assignment {lesson}` or the formgrader's Release button)?")
+        raise RuntimeError(f"nbgrader could not collect {lesson} from the exchange ({exchange}): {telling}. "
+                           f"Is that the hub's exchange folder (COURSE_EXCHANGE, set in the instructor's hub "
+                           f"server), and was the lesson released (the formgrader's Release button, or "
+                           f"`nbgrader release_assignment {lesson}`)?")
     target = WORK / "exchange" / lesson
     if target.exists():
         shutil.rmtree(target)
