@@ -529,6 +529,15 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         autograded = json.loads((course / "autograder" / "autograded" / ben / LESSON / f"{LESSON}.ipynb").read_text())
         assert any(c["metadata"].get("nbgrader", {}).get("grade_id") == DELETED_TEST for c in autograded["cells"])
 
+        # The formgrader's Collect button puts submissions where nbgrader's collect did: `make grade` grades that
+        # folder in place (here nothing is left to grade, and nothing of it is lost).
+        again = run_as(instructor, str(hub_python()), "-m", "autograder", "grade", "autograder/submitted",
+                       "--only-ungraded", "--jobs", "1", env=env, cwd=course, timeout=300)
+        assert again.returncode == 0 and "2 submissions already graded" in again.stdout, again.stdout + again.stderr
+        for who in (ann, ben):
+            assert (course / "autograder" / "submitted" / who / LESSON / f"{LESSON}.ipynb").is_file()
+            assert (course / "autograder" / "submitted" / who / LESSON / "submission_secret.txt").is_file()
+
         # ... then releases the feedback with the formgrader's button.
         teacher.page.goto(f"{teacher.base}/formgrader")
         row = teacher.page.locator("tr", has_text=LESSON)
