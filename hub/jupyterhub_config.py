@@ -64,7 +64,8 @@ def _environment(spawner):
         "HELPERS_PRESTART": env.get("HELPERS_PRESTART", "1"),
     }
     if spawner.user.name == INSTRUCTOR:
-        return {**base, "COURSE_ROOT": COURSE,
+        # VENV: `make collect` and `make grade` in the instructor's terminals use the venv the hub runs.
+        return {**base, "COURSE_ROOT": COURSE, "VENV": os.path.dirname(VENV_BIN),
                 "JUPYTER_CONFIG_PATH": os.path.join(STATE, "instructor-config")}
     return {**base, "PYTHONPATH": os.path.join(STATE, "learner-course"),
             "JUPYTER_CONFIG_PATH": os.path.join(STATE, "learner-config")}
