@@ -91,10 +91,10 @@ def check_instructor(name: str, course: Path) -> pwd.struct_passwd:
         if not needed.exists():
             raise HubError(f"{course} is not a course folder (it has no {needed.name}): set HUB_COURSE to this "
                            "repository, or a clone of it.")
-    (course / "autograder").mkdir(exist_ok=True)
-    if as_user(name, "test", "-w", str(course / "autograder")).returncode != 0:
+    work = course / "autograder" if (course / "autograder").is_dir() else course  # grading makes it when missing
+    if as_user(name, "test", "-w", str(work)).returncode != 0:
         owner = pwd.getpwuid(course.stat().st_uid).pw_name
-        raise HubError(f"the instructor {name!r} cannot write {course / 'autograder'} (the course folder belongs to "
+        raise HubError(f"the instructor {name!r} cannot write {work} (the course folder belongs to "
                        f"{owner!r}): grading writes the gradebook there. Run `chown -R {name}: {course}` or give "
                        "HUB_INSTRUCTOR the folder's owner.")
     return user
