@@ -26,7 +26,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak test-compat bench bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
 
 venv: $(STAMP)
 
@@ -75,7 +75,7 @@ test: venv
 # Not part of `make test`: the modules most exposed to timing (kernels, %%distributed, the ranks'
 # output, the browser, a graded class) run SOAK_RUNS times each while SOAK_LOAD busy processes
 # keep the cores occupied; every failure is a bug to fix at its cause. Logs: SOAK_OUT/.
-# devtools/soak.py says more; SOAK_GROUPS picks some of kernel,magics,output,browser,grading.
+# devtools/soak.py says more; SOAK_GROUPS picks some of kernel,magics,output,browser,grading,hub.
 SOAK_RUNS   ?= 10
 SOAK_LOAD   ?= $(shell nproc 2>/dev/null || echo 2)
 SOAK_GROUPS ?= kernel,magics,output,browser,grading
@@ -105,8 +105,9 @@ test-compat:
 #   bench-ring     lesson 08: bus bandwidth of gloo's all_reduce, the reference ring and the pipelined ring, 4-64 MB
 #   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
 #   bench-grading  seconds to autograde one learner's submission of each lesson
+#   bench-hub      one learner's server on the hub running lesson 04: memory and CPU (hub_bench.py)
 # bench-NAME runs bench/NAME_bench.py.
-BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading
+BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading bench-hub
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py
@@ -134,6 +135,40 @@ ONLY_UNGRADED ?=
 grade: venv
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [JOBS=N | SCHEDULER=tcp://host:8786 | SLURM=1|key=value,... [DRY_RUN=1]] [NO_SANDBOX=1] [ONLY_UNGRADED=1]" >&2; exit 2; }
 	$(VENV_PY) -m autograder grade $(SUBMISSIONS) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(SLURM),--slurm $(filter-out 1 yes true,$(SLURM))) $(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox) $(if $(filter 1 yes true,$(ONLY_UNGRADED)),--only-ungraded)
+
+# Instructor: nbgrader's collect of one lesson from the exchange (the course's JupyterHub), then
+# `make grade` of what it collected, with the same options (docs/instructors.md, "Running the
+# course on a JupyterHub"). Then `nbgrader release_feedback LESSON` hands the feedback back.
+collect: venv
+	@test -n "$(LESSON)" || { echo "usage: make collect LESSON=04-ring-all-reduce [JOBS=N | SCHEDULER=... | SLURM=...] [NO_SANDBOX=1]" >&2; exit 2; }
+	$(VENV_PY) -m autograder collect $(LESSON) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(SLURM),--slurm $(filter-out 1 yes true,$(SLURM))) $(if $(filter 1 yes true,$(NO_SANDBOX)),--no-sandbox)
+
+# Instructor: the course on a JupyterHub on this machine, as root (hub/serve.py says what it checks
+# and prepares; docs/instructors.md how to add learners). configurable-http-proxy, the hub's
+# proxy, is installed with npm into hub/.proxy/ on first use.
+HUB_PORT       ?= 8000
+HUB_INSTRUCTOR ?=
+HUB_GROUP      ?= course-learners
+HUB_COURSE     ?= $(CURDIR)
+HUB_EXCHANGE   ?= /srv/nbgrader/exchange
+HUB_STATE      ?= hub/run
+HUB_PROXY      := hub/.proxy/node_modules/.bin/configurable-http-proxy
+# Every learner's server runs the course's venv as that learner: the venv, and the Python it was
+# made from, must be readable by all users. $(VENV) is used when it is; otherwise (a Python under
+# /root, as pyenv installs it) a venv of its own is built from HUB_PYTHON (about a minute, once).
+HUB_PYTHON     ?= /usr/bin/python3
+HUB_VENV       ?= $(if $(shell runuser -u nobody -- $(VENV_PY) -c pass >/dev/null 2>&1 && echo yes),$(VENV),.venv-hub)
+
+$(HUB_PROXY):
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "error: npm is not installed, and the hub's proxy (configurable-http-proxy) comes from npm." >&2; \
+	  echo "       Install Node.js 18 or newer with npm (e.g. 'apt-get install nodejs npm') and rerun 'make hub'." >&2; \
+	  exit 1; }
+	npm install --prefix hub/.proxy --no-audit --no-fund --silent configurable-http-proxy@5
+
+hub: $(HUB_PROXY)
+	@$(MAKE) --no-print-directory venv VENV=$(HUB_VENV) $(if $(filter-out $(VENV),$(HUB_VENV)),PYTHON=$(HUB_PYTHON))
+	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv

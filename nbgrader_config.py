@@ -25,6 +25,10 @@ c.CourseDirectory.submitted_directory = os.path.join("autograder", "submitted")
 c.CourseDirectory.autograded_directory = os.path.join("autograder", "autograded")
 c.CourseDirectory.feedback_directory = os.path.join("autograder", "feedback")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "autograder", "gradebook.db")
+# nbgrader's exchange (release, fetch, submit, collect, feedback): nbgrader's default folder,
+# or the one the course's JupyterHub uses (hub/serve.py sets COURSE_EXCHANGE for the instructor).
+if os.environ.get("COURSE_EXCHANGE"):
+    c.Exchange.root = os.environ["COURSE_EXCHANGE"]
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "README.md"]
 
 # Learner notebooks keep the lessons' pictures out of git: generate_assignment must not

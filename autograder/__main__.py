@@ -11,6 +11,10 @@
                    bubblewrap sandbox, re-graded in a clean process; write feedback to
                    autograder/feedback/, grades to autograder/grades.csv and the class
                    summary to autograder/class-summary.csv and .html
+  collect LESSON [options of grade]
+                   nbgrader's collect of LESSON from the exchange (latest submission of each
+                   learner, into autograder/submitted/), then grade them as `grade` does
+                   (autograder/exchange/LESSON is the folder graded)
   release [--allow-colab-placeholder] [DIR]
                    build the learner distribution (course, helpers, self-checks; no answers,
                    no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;
@@ -33,6 +37,10 @@ def main(argv: list[str]) -> int:
         from .grading.grade import main as grade_main
 
         return grade_main(argv[1:])
+    if argv[0] == "collect":
+        from .grading.exchange import main as collect_main
+
+        return collect_main(argv[1:])
     if argv[0] == "release":
         from .release import main as release_main
 

@@ -16,7 +16,8 @@ The groups (``--groups``, comma-separated; all by default):
 - ``magics``: tests/test_magics_kernel.py, ``%%distributed`` through a real kernel;
 - ``output``: tests/test_rank_output_order.py, the ranks' output with a slowed wait;
 - ``browser``: tests/test_browser.py, JupyterLab in chromium;
-- ``grading``: tests/test_grading_e2e*.py, one class graded by nbgrader in the sandbox.
+- ``grading``: tests/test_grading_e2e*.py, one class graded by nbgrader in the sandbox;
+- ``hub``: tests/test_hub.py, the course on a JupyterHub, nbgrader's exchange end to end in chromium.
 
 Each run's pytest output goes to ``OUT/GROUP-RUN.log``; a summary table is printed and written
 to ``OUT/summary.json``. The exit code is 1 if any run failed. The busy processes are plain
@@ -44,6 +45,7 @@ GROUPS: dict[str, list[str]] = {
     "output": ["tests/test_rank_output_order.py"],
     "browser": ["tests/test_browser.py"],
     "grading": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_grading_e2e*.py")),
+    "hub": ["tests/test_hub.py"],
 }
 
 BUSY_LOOP = "while True:\n    pass\n"

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 #: The modules that take longest, first: under pytest-xdist (`make test` runs the suite on
 #: TEST_JOBS workers) they start at once, and the short modules fill the gaps around them.
-LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_grading_dask", "test_grading_parallel",
+LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_hub", "test_grading_dask", "test_grading_parallel",
               "test_colab", "test_release_learner")
 
 

@@ -6,7 +6,7 @@ command in a throw-away copy of the course, and makes one thing go wrong on purp
 - the sandbox cannot be set up for one learner's kernel, once (a stand-in for bubblewrap
   that fails the first time, with bubblewrap's own words) or every time;
 - a learner's notebook kills its own kernel halfway through;
-- a learner hands in a file that is not a notebook.
+- a learner hands in a file that is not a notebook, or another lesson's notebook under this one's name.
 """
 
 from __future__ import annotations
@@ -127,9 +127,12 @@ os._exit(3)   # the notebook's own kernel ends here
 def test_a_kernel_that_dies_midway_is_graded_from_its_code_and_an_unreadable_file_is_named(tmp_path):
     """Does a notebook that kills its own kernel still get its graded part decided (from its code, in a fresh
     process), with a note saying the kernel died; and is a file that is not a notebook reported as the
-    learner's failure, once, without a second try?"""
-    root = _class(tmp_path, {"dee": KILLS_ITS_KERNEL, "eve": None})
+    learner's failure, once, without a second try; and so is another lesson's notebook handed in under this one's
+    name?"""
+    root = _class(tmp_path, {"dee": KILLS_ITS_KERNEL, "eve": None, "fay": None})
     (tmp_path / "submissions" / "eve" / LESSON / f"{LESSON}.ipynb").write_text("{ this is not JSON")
+    other = "01-processes-and-ranks"
+    shutil.copy(ROOT / "course" / other / f"{other}.ipynb", tmp_path / "submissions" / "fay" / LESSON / f"{LESSON}.ipynb")
     done, record = _grade(root, tmp_path / "submissions")
     runs = {r["student"]: r for r in record["submissions"]}
     dee, eve = runs["dee"], runs["eve"]
@@ -139,4 +142,7 @@ def test_a_kernel_that_dies_midway_is_graded_from_its_code_and_an_unreadable_fil
     assert "kernel died" in feedback and "passed (1 of 1 point)" in feedback
     assert (eve["status"], eve["failure"], eve["tries"]) == ("failed", "learner", 1), eve
     assert "the notebook file cannot be read" in eve["error"], eve
+    fay = runs["fay"]
+    assert (fay["status"], fay["failure"], fay["tries"]) == ("failed", "learner", 1), fay
+    assert f"the notebook handed in as {LESSON} is another lesson's" in fay["error"] and "ex1_" in fay["error"], fay
     assert "the learner's failure after 1 try" in done.stdout and done.returncode == 1, done.stdout[-3000:]

@@ -31,7 +31,7 @@ Whose failure it is decides what happens next (:attr:`Graded.failure`):
 - ``"infrastructure"``: the sandbox could not be set up, the kernel did not start, nbgrader
   or the clean re-grade broke. Nothing the learner did; the class workflow grades such a
   submission once more (:data:`TRIES`), and the record says why.
-- ``"learner"``: the notebook file cannot be read. The learner has to hand it in again.
+- ``"learner"``: the notebook file cannot be read, or it is another lesson's notebook. The learner has to hand it in again.
 - A kernel that died while it ran the learner's cells (``os._exit``, a crash in C) is the
   learner's doing, but loses nothing: the clean re-grade still decides every part, and the
   feedback says the notebook stopped there (:attr:`Graded.notes`).
@@ -102,6 +102,25 @@ def _readable(path: Path) -> str | None:
         return f"the notebook file cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
 
 
+def _graded_ids(path: Path) -> set[str]:
+    """The nbgrader grade_ids of a notebook's cells."""
+    import nbformat
+
+    cells = nbformat.read(path, as_version=4).cells
+    return {c.metadata["nbgrader"]["grade_id"] for c in cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+
+
+def _another_lesson(path: Path, solution: Path, lesson: str) -> str | None:
+    """Why the notebook at ``path`` is not a submission of ``lesson`` (its nbgrader cells all belong to another
+    lesson: a learner handed in the wrong notebook under this one's name), or None."""
+    theirs, ours = _graded_ids(path), _graded_ids(solution)
+    if not theirs or theirs & ours:
+        return None  # a notebook of this lesson, or one whose cells grading puts back as they were released
+    shown = ", ".join(sorted(theirs)[:4]) + (", ..." if len(theirs) > 4 else "")
+    return (f"the notebook handed in as {lesson} is another lesson's: none of its nbgrader cells ({shown}) belongs "
+            f"to {lesson}. The learner should hand in {lesson}/{lesson}.ipynb")
+
+
 def _telling_line(kernel: str, error: BaseException | None, nbgrader_error: str) -> str:
     """The one line that says what went wrong: bubblewrap's message, the kernel's last words, the error."""
     lines = [line.strip() for line in kernel.splitlines() if line.strip()]
@@ -156,7 +175,8 @@ def grade_submission(task: Task) -> Graded:
     watch = preprocessors.WATCH = preprocessors.Watch(on_sanitized=job.start_clean)
     kernel = Tail()
     try:
-        unreadable = _readable(job.submitted / f"{task.lesson}.ipynb")
+        unreadable = _readable(job.submitted / f"{task.lesson}.ipynb") or _another_lesson(
+            job.submitted / f"{task.lesson}.ipynb", job.solution, task.lesson)
         if unreadable:
             graded.failure, graded.error = "learner", unreadable
             return graded

@@ -1,0 +1,82 @@
+"""JupyterHub configuration for the course on one machine (`make hub`, hub/serve.py).
+
+Read by ``jupyterhub -f hub/jupyterhub_config.py``. Every setting that differs between machines
+comes from an environment variable that hub/serve.py sets after checking it, so this file holds
+the course's choices only:
+
+- PAM logins and LocalProcessSpawner: each person is a Unix user of this machine, and their
+  server runs as that user, in their home folder. The hub itself runs as root.
+- One instructor (``COURSE_HUB_INSTRUCTOR``, an admin of the hub) whose server opens in the
+  course folder (``COURSE_HUB_COURSE``, this repository by default), with nbgrader's formgrader.
+- Learners: the members of the Unix group ``COURSE_HUB_GROUP``. Their servers see the learner
+  distribution (``make release``) on ``PYTHONPATH``, never the course folder, and nbgrader's
+  Assignments tab and Validate button only.
+- nbgrader's exchange in ``COURSE_HUB_EXCHANGE`` (a folder every user may write, as nbgrader
+  asks), the course id of nbgrader_config.py.
+- Everything listens on 127.0.0.1 only.
+"""
+
+import os
+import sys
+
+env = os.environ
+STATE = env["COURSE_HUB_STATE"]
+COURSE = env["COURSE_HUB_COURSE"]
+INSTRUCTOR = env["COURSE_HUB_INSTRUCTOR"]
+VENV_BIN = os.path.dirname(sys.executable)
+
+c = get_config()  # noqa: F821 - provided by JupyterHub's config loader
+
+# -- the hub, its proxy, its files: loopback only, state in STATE ---------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{env['COURSE_HUB_PORT']}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(env["COURSE_HUB_API_PORT"])
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env['COURSE_HUB_PROXY_API_PORT']}"
+c.ConfigurableHTTPProxy.command = [env["COURSE_HUB_PROXY"]]
+c.JupyterHub.db_url = "sqlite:///" + os.path.join(STATE, "jupyterhub.sqlite")
+c.JupyterHub.cookie_secret_file = os.path.join(STATE, "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = os.path.join(STATE, "jupyterhub.pid")
+c.JupyterHub.cleanup_servers = True  # stopping the hub stops every user's server
+
+# -- who may log in: Unix passwords (PAM), the instructor and the learners' group ----------
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.open_sessions = False  # no login session per server: containers have no logind
+c.Authenticator.allowed_users = {INSTRUCTOR}
+c.LocalAuthenticator.allowed_groups = {env["COURSE_HUB_GROUP"]}
+c.Authenticator.admin_users = {INSTRUCTOR}
+
+# -- each user's server: the course's venv, run as that Unix user -------------------------
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [os.path.join(VENV_BIN, "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.Spawner.ip = "127.0.0.1"
+c.Spawner.http_timeout = 120  # a busy 2-core machine: JupyterLab may need a minute to answer
+c.Spawner.start_timeout = 120
+# What a learner's environment may not inherit from root's: only these variables pass.
+c.Spawner.env_keep = ["LANG", "LC_ALL", "TZ"]
+
+
+def _environment(spawner):
+    """Per user: the instructor gets the course folder and its nbgrader config; a learner the learner release."""
+    base = {
+        "PATH": VENV_BIN + os.pathsep + "/usr/local/bin:/usr/bin:/bin",  # nbgrader runs `alembic` by name
+        "COURSE_EXCHANGE": env["COURSE_HUB_EXCHANGE"],
+        "HELPERS_PRESTART": env.get("HELPERS_PRESTART", "1"),
+    }
+    if spawner.user.name == INSTRUCTOR:
+        # VENV: `make collect` and `make grade` in the instructor's terminals use the venv the hub runs.
+        return {**base, "COURSE_ROOT": COURSE, "VENV": os.path.dirname(VENV_BIN),
+                "JUPYTER_CONFIG_PATH": os.path.join(STATE, "instructor-config")}
+    return {**base, "PYTHONPATH": os.path.join(STATE, "learner-course"),
+            "JUPYTER_CONFIG_PATH": os.path.join(STATE, "learner-config")}
+
+
+def _pre_spawn(spawner):
+    spawner.environment = _environment(spawner)
+    if spawner.user.name == INSTRUCTOR:
+        spawner.notebook_dir = COURSE  # the formgrader reads nbgrader_config.py from here
+    else:
+        spawner.notebook_dir = "~"  # fetched lessons land in the learner's home
+
+
+c.Spawner.pre_spawn_hook = _pre_spawn
