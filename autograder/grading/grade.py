@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..course.build import ROOT, build, lessons, nbgrader_api, tool_env
-from .exchange import collect
+from .intake import collect
 from .submission import quiet_gradebook
 from .task import Files, Graded, Task, lesson_files, read_files
 

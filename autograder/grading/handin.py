@@ -8,7 +8,7 @@ nothing but the standard library, no torch, no virtual environment)::
 (``make handin STUDENT=ada LESSON=05`` gives both through the environment, as ``$STUDENT``
 and ``$LESSON``). It writes ``handin/<NAME>.zip`` holding ``<NAME>/<lesson>/<lesson>.ipynb`` for each lesson
 handed in, so an instructor unpacks every learner's archive into one folder and grades it
-with ``make grade SUBMISSIONS=folder`` (:func:`autograder.grading.exchange.collect` reads that
+with ``make grade SUBMISSIONS=folder`` (:func:`autograder.grading.intake.collect` reads that
 layout). Which lessons: those named with ``--lesson`` (a number such as ``05``, or a folder
 name), else every lesson whose notebook has at least one answer cell changed since the
 course was released (nbgrader's checksum of the cell, stored in the notebook, no longer
