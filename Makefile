@@ -26,7 +26,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak test-compat bench bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test soak test-compat bench bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release site clean-venv
 
 venv: $(STAMP)
 
@@ -150,3 +150,12 @@ release: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Instructor: the learner course as a static website in SITE_DIR (default dist/site): each lesson's learner notebook
+# with the outputs of a real run of its instructor notebook (cached by content in .cache/site, so only changed lessons
+# run again), none that give an answer away. OFFLINE=1 runs no notebook and names those missing from the cache.
+# docs/instructors.md#the-course-website says how to publish it.
+SITE_DIR ?= dist/site
+OFFLINE  ?=
+site: venv
+	$(VENV_PY) -m autograder site $(if $(filter 1 yes true,$(OFFLINE)),--offline) $(SITE_DIR)

@@ -173,13 +173,13 @@ def test_environment_yml_python_and_channels():
 
 
 def test_dev_extra_covers_course_test_and_grading():
-    """Does the `dev` extra (what `make venv`, so `make test` and `make grade`, installs) pull in the course, test
-    and grading extras, with Dask's grading engine only in the instructor's `grading` extra?"""
+    """Does the `dev` extra (what `make venv`, so `make test` and `make grade`, installs) pull in the course, test,
+    grading and site extras, with Dask's grading engine only in the instructor's `grading` extra?"""
     project = _pyproject()["project"]
     (dev,) = project["optional-dependencies"]["dev"]
     req = Requirement(dev)
     assert canonicalize_name(req.name) == canonicalize_name(project["name"])
-    assert req.extras == {"course", "test", "grading"}
+    assert req.extras == {"course", "test", "grading", "site"}
     grading = _req_map(project["optional-dependencies"]["grading"])
     assert set(grading) == {"distributed", "dask-jobqueue"} and all(bound.startswith(">=") for bound in grading.values())
     learner = _req_map(project["dependencies"] + project["optional-dependencies"]["course"])
