@@ -3,7 +3,7 @@
 Steps: make sure every lesson's instructor notebook has a run in the cache (:mod:`.execute`;
 ``--offline`` allows none to run and names the missing ones), make each lesson's page
 (:mod:`.pages`), write a Sphinx project (MyST-NB reads the page notebooks, without executing
-them; sphinx-book-theme; Sphinx's own client-side search) into ``build/site-src/``, build it
+them; sphinx-book-theme; Sphinx's own client-side search) into ``build/site/src/``, build it
 into the site folder, copy the learner notebooks into ``notebooks/`` for the download links
 and MathJax (from the ``jupyter-server-mathjax`` package) into ``_static/mathjax/``, and
 finally look through every file of the site for answers (:mod:`.leaks`).
@@ -69,7 +69,14 @@ def _road(root: Path, names: list[str]) -> str:
 
 _MATHJAX = """
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"   # MathJax 2, copied into the site
-mathjax2_config = {"tex2jax": {"inlineMath": [["\\\\(", "\\\\)"]], "displayMath": [["\\\\[", "\\\\]"]]}}
+mathjax2_config = {
+    # MyST-NB marks the notebook's cells tex2jax_ignore: typeset the math Sphinx marked (class "math") only
+    "tex2jax": {"inlineMath": [["\\\\(", "\\\\)"]], "displayMath": [["\\\\[", "\\\\]"]],
+                "processClass": "tex2jax_process|mathjax_process|math|output_area",
+                "ignoreClass": "tex2jax_ignore|mathjax_ignore|document"},
+    # jupyter-server-mathjax ships the STIX-Web fonts only: use them, never look for others
+    "HTML-CSS": {"availableFonts": [], "preferredFont": None, "webFont": "STIX-Web", "imageFont": None},
+}
 """
 
 
@@ -125,8 +132,13 @@ def _copy_mathjax(source: Path, dest: Path) -> None:
 
 
 def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool = False,
-          names: list[str] | None = None, log=print) -> dict:
-    """Build the site into ``dest``; return what was done (per lesson: ran or cached, the page's figures)."""
+          names: list[str] | None = None, log=print, work: Path | None = None, run_id: str | None = None) -> dict:
+    """Build the site into ``dest``; return what was done (per lesson: ran or cached, the page's figures).
+
+    ``work`` holds the Sphinx project and its saved state between builds (default
+    ``build/site/`` in the course); ``run_id`` marks the notebook runs this build makes, as
+    the test suite's own runs are marked (:func:`.execute.executed`).
+    """
     started = time.monotonic()
     known = all_lessons(root)
     unknown = sorted(set(names or ()) - set(known))
@@ -144,14 +156,15 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
     if colab.REPOSITORY == colab.PLACEHOLDER:
         log(f"warning: REPOSITORY in autograder/course/colab.py is still the placeholder {colab.PLACEHOLDER}: the "
             "pages' 'Open in Colab' links lead nowhere until you set it (docs/instructors.md, Publishing the course).")
-    src = root / "build" / "site-src"
+    work = work or root / "build" / "site"
+    src = work / "src"
     report: dict = {"lessons": {}}
     for name in names:
         t = time.monotonic()
         if name in gone:
             log(f"running solutions/{name}/{name}.ipynb (not in the cache for its current content) ...")
         try:
-            ran_nb, run = execute.executed(name, root)
+            ran_nb, run = execute.executed(name, root, run_id=run_id)
         except Exception as err:  # nbclient's CellExecutionError and kernel failures
             raise SiteError(f"solutions/{name}/{name}.ipynb failed to run, so its page cannot show a real run: "
                             f"{type(err).__name__}: {str(err)[-1500:]}\nFix the notebook (it must run top to bottom "
@@ -178,11 +191,13 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
     _write_if_changed(src / "conf.py", _conf(mathjax is not None))
     _write_if_changed(src / "_static" / "course.css", CSS)
     t = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-d", str(root / "build" / "site-doctrees"),
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-d", str(work / "doctrees"),
                            str(src), str(dest)], cwd=root, capture_output=True, text=True)
     if done.returncode:
         raise SiteError(f"sphinx-build failed (exit {done.returncode}) on {src}:\n{done.stderr[-3000:]}\n"
                         "Is the site extra installed? `.venv/bin/pip install -e '.[site]'` (make site does it).")
+    if (dest / "_sources").is_dir() and not any((dest / "_sources").iterdir()):
+        (dest / "_sources").rmdir()  # left empty: pages' sources are not copied (html_copy_source)
     warnings = [line for line in done.stderr.splitlines() if "WARNING" in line or "ERROR" in line]
     report["sphinx_seconds"] = round(time.monotonic() - t, 1)
     if mathjax is None:

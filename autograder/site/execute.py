@@ -14,7 +14,8 @@ outputs (:func:`cache_key`), so a notebook runs once per change, not once per us
   that lesson's key only; editing the helpers changes every key.
 - Entries live in ``.cache/site/<lesson>/<key>.ipynb`` (``COURSE_SITE_CACHE`` moves the
   folder) with a ``<key>.json`` beside it (when, how long, which run made it). Writing a new
-  entry removes the lesson's older ones.
+  entry removes the lesson's older ones beyond the newest :data:`KEEP` (another venv, such
+  as ``make test-compat``'s, keeps its own).
 - A per-lesson lock file (``fcntl.flock``) makes a second process that wants the same lesson
   wait for the first and then read its entry, so two pytest-xdist workers, or a test run and
   ``make site``, never run the same notebook at once.
@@ -50,6 +51,8 @@ __all__ = ["CACHE_ENV", "TIMEOUT", "Run", "cache_dir", "cache_key", "cached", "e
 
 #: The environment variable that moves the cache (default: ``.cache/site`` in the course root).
 CACHE_ENV = "COURSE_SITE_CACHE"
+#: Runs kept per lesson (the newest): enough for a few torch versions or venvs side by side.
+KEEP = 3
 #: Seconds one cell may run (tests/test_notebooks.py has always used 180).
 TIMEOUT = 180
 #: What of autograder/ a lesson's cells import (``from autograder import exercise``) and run on their ranks; the
@@ -194,10 +197,11 @@ def executed(lesson: str, root: Path | None = None, *, reuse: str = "any", run_i
         client.execute()
         seconds = time.monotonic() - started
         nb_path, info_path = _entry(lesson, key, root)
-        for old in nb_path.parent.glob("*.ipynb"):
-            if old.name != nb_path.name:
-                old.unlink()
-                old.with_suffix(".json").unlink(missing_ok=True)
+        others = sorted((p for p in nb_path.parent.glob("*.ipynb") if p.name != nb_path.name),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in others[KEEP - 1:]:  # the newest few stay: another venv (make test-compat) has its own keys
+            old.unlink()
+            old.with_suffix(".json").unlink(missing_ok=True)
         tmp = nb_path.with_suffix(f".tmp{os.getpid()}")
         nbformat.write(nb, tmp)
         os.replace(tmp, nb_path)  # a reader never sees half a notebook

@@ -179,14 +179,13 @@ def _clean_output(output, root: Path):
     return output
 
 
-def _buttons(lesson: str) -> nbformat.NotebookNode:
-    """The markdown cell with the page's "Open in Colab" and "Download notebook" links."""
-    html = (f'<p class="course-links"><a class="course-colab" href="{colab.colab_url(lesson)}">Open in Colab</a> '
+def _links(lesson: str) -> str:
+    """The page's "Open in Colab" and "Download notebook" links (markdown holding HTML), and what the page shows."""
+    return (f'<p class="course-links"><a class="course-colab" href="{colab.colab_url(lesson)}">Open in Colab</a> '
             f'<a class="course-download" href="../notebooks/{lesson}.ipynb" download="{lesson}.ipynb">'
             "Download notebook</a></p>\n\n"
-            "This page shows the notebook learners start from, with the outputs and pictures of a real run. "
-            "Cells where you write an answer, and cells that use one, are shown without output.")
-    return nbformat.v4.new_markdown_cell(html, metadata={})
+            "*This page shows the notebook learners start from, with the outputs and pictures of a real run. "
+            "Cells where you write an answer, and cells that use one, are shown without output.*\n\n")
 
 
 def lesson_page(lesson: str, learner: nbformat.NotebookNode, instructor: nbformat.NotebookNode,
@@ -227,8 +226,12 @@ def lesson_page(lesson: str, learner: nbformat.NotebookNode, instructor: nbforma
                 cell.metadata["mystnb"] = {"image": {"alt": alt}}
                 stats["figures"] += images
         cells.append(cell)
-    first_heading = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"
-                          and _source(c).lstrip().startswith("# ")), 0)
-    cells.insert(first_heading + 1, _buttons(lesson))
+    title = next((c for c in cells if c.cell_type == "markdown" and _source(c).lstrip().startswith("# ")), None)
+    if title is None:
+        raise PageError(f"course/{lesson}/{lesson}.ipynb has no markdown cell starting with a '# ' title, which the "
+                        "page's title and links go under. Give the lesson's first markdown cell one in solutions/ "
+                        "and run `make course`.")
+    heading, _, rest = _source(title).lstrip().partition("\n")
+    title.source = f"{heading}\n\n{_links(lesson)}{rest.lstrip()}"
     page.cells = cells
     return page, stats
