@@ -14,6 +14,8 @@
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
 #   RELEASE_ARGS extra arguments for the release, e.g. --allow-colab-placeholder for a draft
 #               built before REPOSITORY (autograder/course/colab.py) is set
+#   SITE=1      `make release` also builds the course website into RELEASE_DIR-site (and .tar.gz)
+#   SITE_DIR, OFFLINE  where `make site` writes the website; OFFLINE=1 builds it from the cache only
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -144,9 +146,11 @@ instructor: venv
 # tests) as a folder to publish as its own repository, and RELEASE_DIR.tar.gz next to it.
 RELEASE_DIR ?= dist/learner-course
 RELEASE_ARGS ?=
+SITE        ?=
 
 release: venv
 	$(VENV_PY) -m autograder release $(RELEASE_ARGS) $(RELEASE_DIR)
+	$(if $(filter 1 yes true,$(SITE)),$(VENV_PY) -m autograder site --archive $(RELEASE_DIR)-site)
 
 clean-venv:
 	rm -rf $(VENV)

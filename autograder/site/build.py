@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -205,6 +206,7 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
             "install the site extra: `.venv/bin/pip install -e '.[site]'`")
     else:
         _copy_mathjax(mathjax, dest / "_static" / "mathjax")
+    (dest / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ and _images/ as they are (no Jekyll)
     found = leaks.scan(dest, root, names)
     if found:
         raise SiteError("the site shows answers, so it was not finished; remove " + str(dest) + " before publishing "
@@ -222,10 +224,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--offline", action="store_true",
                         help="run no notebook: build from the cache only, and fail naming the lessons it lacks")
     parser.add_argument("--lessons", nargs="+", metavar="LESSON", help="build only these lessons (default: all)")
+    parser.add_argument("--archive", action="store_true", help="also pack the site into DIR.tar.gz (make release SITE=1)")
     args = parser.parse_args(argv)
+    dest = Path(args.dest).resolve()
     try:
-        build(Path(args.dest).resolve(), offline=args.offline, names=args.lessons)
+        build(dest, offline=args.offline, names=args.lessons)
     except (SiteError, pages.PageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if args.archive:
+        archive = dest.with_name(dest.name + ".tar.gz")
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(dest, arcname=dest.name)
+        print(f"packed {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
     return 0
