@@ -319,6 +319,8 @@ def test_every_page_in_chromium_images_load_with_alt_text_links_resolve(site, se
                                         "e.name.includes('/_images/')).reduce((s, e) => s + e.encodedBodySize, 0), "
                                         "all: performance.getEntriesByType('resource').reduce((s, e) => s + e.encodedBodySize, 0)})")
                 page.screenshot(path=str(shots / "site-lesson-04.png"))
+                page.locator("main img").first.scroll_into_view_if_needed()
+                page.screenshot(path=str(shots / "site-lesson-04-figure.png"))
             if path == "index.html":
                 page.screenshot(path=str(shots / "site-home.png"))
         assert not outside, f"the pages fetched from outside the site: {sorted(set(outside))[:10]}"
