@@ -214,7 +214,8 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
     report["warnings"] = warnings
     report["seconds"] = round(time.monotonic() - started, 1)
     log(f"site built in {report['seconds']:.0f} s (Sphinx {report['sphinx_seconds']:.0f} s): {dest}/index.html"
-        + (f"; Sphinx warned {len(warnings)} time(s):\n  " + "\n  ".join(warnings[:10]) if warnings else ""))
+        + (f"; Sphinx warned {len(warnings)} time(s):\n  " + "\n  ".join(warnings[:10]) if warnings else "")
+        + f"\nto read it: python3 -m http.server 8000 --bind 127.0.0.1 --directory {dest}, then open http://127.0.0.1:8000/")
     return report
 
 
