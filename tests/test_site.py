@@ -4,7 +4,7 @@ The module builds the whole site once (``site`` fixture) into a temporary folder
 executed-notebook cache that `tests/test_notebooks.py` fills in the same test run: a lesson
 that test already ran is not run again (both go through autograder/site/execute.py under a
 lock per lesson, marked with this run's id); one it has not run yet is run here, once. The
-build itself (Sphinx, MathJax copied, the scan for answers) takes about 10 s on 2 cores.
+build itself (Sphinx, MathJax copied, the scan for answers) takes about 6 s on 2 cores.
 
 The browser tests drive Debian's chromium as tests/test_browser.py does (skipped without it,
 saying why; failed instead with ``COURSE_REQUIRE_BROWSER=1``), over a loopback HTTP server
