@@ -182,10 +182,13 @@ TINY = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os, tim
 
 def test_two_processes_that_want_the_same_lesson_run_it_once(tmp_path):
     """When two processes (as two pytest-xdist workers) ask for the same notebook at once, does one run it while
-    the other waits and reads its result, and does a later run with another run id run it again?"""
+    the other waits and reads its result, does a later run with another run id run it again, and does a caller
+    that will not wait (the site build) get None at once while the lesson's lock is held?"""
     root = tmp_path / "course"
     (root / "solutions" / "99-tiny").mkdir(parents=True)
     nbformat.write(TINY, root / "solutions" / "99-tiny" / "99-tiny.ipynb")
+    with execute._locked(execute.cache_dir(root) / "99-tiny"):
+        assert execute.executed("99-tiny", root, wait=False) is None
     script = ("import json, sys\nfrom pathlib import Path\nfrom autograder.site.execute import executed\n"
               "nb, run = executed('99-tiny', Path(sys.argv[1]), reuse='this-run', run_id=sys.argv[2])\n"
               "print(json.dumps([run.ran, nb.cells[0].outputs[0]['text'].strip()]))")

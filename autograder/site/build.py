@@ -132,6 +132,36 @@ def _copy_mathjax(source: Path, dest: Path) -> None:
                                                                  or n.endswith((".py", ".pyc"))])
 
 
+def _run(name: str, root: Path, run_id: str | None, wait: bool):
+    try:
+        return execute.executed(name, root, run_id=run_id, wait=wait)
+    except Exception as err:  # nbclient's CellExecutionError and kernel failures
+        raise SiteError(f"solutions/{name}/{name}.ipynb failed to run, so its page cannot show a real run: "
+                        f"{type(err).__name__}: {str(err)[-1500:]}\nFix the notebook (it must run top to bottom "
+                        "as tests/test_notebooks.py runs it) and build again.") from None
+
+
+def _runs(names: list[str], gone: list[str], root: Path, run_id: str | None, log) -> dict:
+    """Every lesson's executed notebook. A lesson another process is running now (its lock is taken: a
+    notebook test on another pytest-xdist worker) is left for later, and the others are run meanwhile,
+    so that two processes share the work instead of one waiting on the other."""
+    runs, pending, said = {}, list(names), set()
+    while pending:
+        for name in list(pending):
+            if name in gone and name not in said:
+                said.add(name)
+                log(f"running solutions/{name}/{name}.ipynb unless another process is (not in the cache for its "
+                    "current content) ...")
+            got = _run(name, root, run_id, wait=False)
+            if got is not None:
+                runs[name] = got
+                pending.remove(name)
+        if pending:  # all that is left is being run elsewhere: wait for the first
+            runs[pending[0]] = _run(pending[0], root, run_id, wait=True)
+            pending.pop(0)
+    return runs
+
+
 def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool = False,
           names: list[str] | None = None, log=print, work: Path | None = None, run_id: str | None = None) -> dict:
     """Build the site into ``dest``; return what was done (per lesson: ran or cached, the page's figures).
@@ -160,16 +190,10 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
     work = work or root / "build" / "site"
     src = work / "src"
     report: dict = {"lessons": {}}
+    runs = _runs(names, gone, root, run_id, log)
     for name in names:
         t = time.monotonic()
-        if name in gone:
-            log(f"running solutions/{name}/{name}.ipynb (not in the cache for its current content) ...")
-        try:
-            ran_nb, run = execute.executed(name, root, run_id=run_id)
-        except Exception as err:  # nbclient's CellExecutionError and kernel failures
-            raise SiteError(f"solutions/{name}/{name}.ipynb failed to run, so its page cannot show a real run: "
-                            f"{type(err).__name__}: {str(err)[-1500:]}\nFix the notebook (it must run top to bottom "
-                            "as tests/test_notebooks.py runs it) and build again.") from None
+        ran_nb, run = runs[name]
         learner = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
         page, stats = pages.lesson_page(name, learner, ran_nb, root)
         _write_if_changed(src / "lessons" / f"{name}.ipynb", nbformat.writes(page))

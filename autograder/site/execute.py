@@ -140,11 +140,16 @@ class Run:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(folder: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold the lesson's lock (yields True), or, with ``wait=False`` and another process holding it, yield False."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        yield
+        try:  # released when the file closes, also if this process dies
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def _entry(lesson: str, key: str, root: Path | None) -> tuple[Path, Path]:
@@ -170,13 +175,14 @@ def missing(lessons: list[str], root: Path | None = None) -> list[str]:
 
 
 def executed(lesson: str, root: Path | None = None, *, reuse: str = "any", run_id: str | None = None,
-             timeout: int = TIMEOUT):
+             timeout: int = TIMEOUT, wait: bool = True):
     """``lesson``'s instructor notebook, executed top to bottom: ``(notebook, Run)``.
 
     From the cache when an entry for the current content may be reused (``reuse="any"``: any;
     ``"this-run"``: only one that ``run_id`` made), else run now with nbclient in the lesson's
     folder, stored, and returned. Raises nbclient's ``CellExecutionError`` when a cell fails
-    (nothing is stored then). Holds the lesson's lock throughout, so concurrent callers run it once.
+    (nothing is stored then). Holds the lesson's lock throughout, so concurrent callers run it once;
+    with ``wait=False``, returns None at once when another process holds it (it is running the lesson).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -185,7 +191,9 @@ def executed(lesson: str, root: Path | None = None, *, reuse: str = "any", run_i
         raise ValueError(f"reuse={reuse!r}: use 'any' (the site) or 'this-run' (the tests, with run_id)")
     root = root or _root()
     path = _notebook_path(lesson, root)
-    with _locked(cache_dir(root) / lesson):
+    with _locked(cache_dir(root) / lesson, wait) as mine:
+        if not mine:
+            return None
         hit = cached(lesson, root)
         if hit is not None and (reuse == "any" or (run_id is not None and hit[1].run_id == run_id)):
             return hit
