@@ -14,6 +14,8 @@
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
 #   RELEASE_ARGS extra arguments for the release, e.g. --allow-colab-placeholder for a draft
 #               built before REPOSITORY (autograder/course/colab.py) is set
+#   SITE=1      `make release` also builds the course website into RELEASE_DIR-site (and .tar.gz)
+#   SITE_DIR, OFFLINE  where `make site` writes the website; OFFLINE=1 builds it from the cache only
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -26,7 +28,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release clean-venv
+.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release site clean-venv
 
 venv: $(STAMP)
 
@@ -179,9 +181,20 @@ instructor: venv
 # tests) as a folder to publish as its own repository, and RELEASE_DIR.tar.gz next to it.
 RELEASE_DIR ?= dist/learner-course
 RELEASE_ARGS ?=
+SITE        ?=
 
 release: venv
 	$(VENV_PY) -m autograder release $(RELEASE_ARGS) $(RELEASE_DIR)
+	$(if $(filter 1 yes true,$(SITE)),$(VENV_PY) -m autograder site --archive $(RELEASE_DIR)-site)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Instructor: the learner course as a static website in SITE_DIR (default dist/site): each lesson's learner notebook
+# with the outputs of a real run of its instructor notebook (cached by content in .cache/site, so only changed lessons
+# run again), none that give an answer away. OFFLINE=1 runs no notebook and names those missing from the cache.
+# docs/instructors.md#the-course-website says how to publish it.
+SITE_DIR ?= dist/site
+OFFLINE  ?=
+site: venv
+	$(VENV_PY) -m autograder site $(if $(filter 1 yes true,$(OFFLINE)),--offline) $(SITE_DIR)

@@ -20,6 +20,11 @@
                    no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;
                    refused while REPOSITORY in autograder/course/colab.py is the placeholder,
                    unless the flag asks for a draft (its README says Colab does not work)
+  site [--offline] [--lessons LESSON..] [DIR]
+                   build the learner course as a static website into DIR, default dist/site:
+                   learner notebooks with the outputs of a real run of the instructor
+                   notebooks (cached by content, in .cache/site), none that give an answer
+                   away; --offline runs no notebook and names those missing from the cache
 """
 
 import sys
@@ -45,6 +50,10 @@ def main(argv: list[str]) -> int:
         from .release import main as release_main
 
         return release_main(argv[1:])
+    if argv[0] == "site":
+        from .site.build import main as site_main
+
+        return site_main(argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}")
     return 2
 

@@ -66,6 +66,21 @@ else:
         return _GroupScheduling(config, log)
 
 
+# --------------------------------------------------------------------------- one id per test run
+
+_RUN_ID = f"pid{os.getpid()}-{time.time_ns()}"
+
+
+def suite_run_id() -> str:
+    """The same id in every process of this test run (pytest-xdist gives its workers one), new for each run.
+
+    The notebook runs of `tests/test_notebooks.py` and `tests/test_site.py` carry it in the
+    executed-notebook cache (autograder/site/execute.py): a notebook that one of them ran in
+    this run is not run again by the other, while one left from an earlier run is.
+    """
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or _RUN_ID
+
+
 # --------------------------------------------------------------------------- processes
 
 

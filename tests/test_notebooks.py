@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from autograder.site.execute import executed
+from conftest import suite_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
@@ -165,20 +167,14 @@ def _text_outputs(cell) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_solution_notebook_runs_top_to_bottom(lesson, tmp_path):
-    """Does the instructor notebook, solutions included, run without an error on this machine?"""
-    path = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=180,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        allow_errors=False,
-    )
-    started = time.monotonic()
-    client.execute()
-    elapsed = time.monotonic() - started
-    print(f"{lesson}: ran in {elapsed:.1f} s")
+    """Does the instructor notebook, solutions included, run without an error on this machine?
+
+    It runs through :func:`autograder.site.execute.executed` (nbclient, 180 s a cell, in the lesson's
+    folder), which keeps the executed notebook for `make site`; `tests/test_site.py` builds the
+    site from it instead of running the notebooks a second time."""
+    # Run once per test run, under the lesson's lock, and kept in the cache that `make site` builds from.
+    nb, run = executed(lesson, ROOT, reuse="this-run", run_id=suite_run_id())
+    print(f"{lesson}: ran in {run.seconds:.1f} s" + ("" if run.ran else " (by another test of this run)"))
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue

@@ -173,13 +173,14 @@ def test_environment_yml_python_and_channels():
 
 
 def test_dev_extra_covers_course_test_and_grading():
-    """Does the `dev` extra (what `make venv`, so `make test`, `make grade` and `make hub`, installs) pull in the
-    course, test, grading and hub extras, with Dask's grading engine and JupyterHub only in the instructor's extras?"""
+    """Does the `dev` extra (what `make venv`, so `make test`, `make grade`, `make hub` and `make site`, installs)
+    pull in the course, test, grading, hub and site extras, with Dask's grading engine and JupyterHub only in the
+    instructor's extras?"""
     project = _pyproject()["project"]
     (dev,) = project["optional-dependencies"]["dev"]
     req = Requirement(dev)
     assert canonicalize_name(req.name) == canonicalize_name(project["name"])
-    assert req.extras == {"course", "test", "grading", "hub"}
+    assert req.extras == {"course", "test", "grading", "hub", "site"}
     grading = _req_map(project["optional-dependencies"]["grading"])
     assert set(grading) == {"distributed", "dask-jobqueue"} and all(bound.startswith(">=") for bound in grading.values())
     learner = _req_map(project["dependencies"] + project["optional-dependencies"]["course"])

@@ -156,6 +156,7 @@ AUTOGRADER_LAYERS = {
     "course": {"lessons"},
     "grading": {"lessons", "course"},
     "release": {"lessons", "course"},
+    "site": {"course", "release"},  # the website: the Colab links of course/, the clone folder of the release
 }
 
 
