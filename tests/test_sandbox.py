@@ -124,7 +124,7 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
     assert done.returncode == 0, done.stdout + done.stderr
     seen, lessons = json.loads(done.stdout.strip().splitlines()[-1])
     packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
-    assert packages == ["course", "grading", "lessons", "release"], packages
+    assert packages == ["course", "grading", "lessons", "release", "site"], packages
     assert all(name.endswith(".py") or name in ("__pycache__", *packages) for name in seen), seen
     assert "kit.py" in lessons and "reference.py" not in lessons and "reference_attention.py" not in lessons, lessons
 
