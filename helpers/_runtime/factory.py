@@ -321,14 +321,11 @@ def fork_factory() -> Factory:
     (:mod:`autograder.grading.clean`) calls it first thing; a notebook kernel never can.
     """
     global _factory
-    import cloudpickle  # noqa: F401 - what factory_process._preload imports, imported here before the fork
+    from .factory_process import preload
+
+    preload()  # what the factory imports, imported here before the fork
     import torch
     import torch.distributed as dist
-    import torch.nn  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
-    import torch.optim  # noqa: F401
-
-    from . import rank as _rank  # noqa: F401
 
     safe = (threading.active_count() == 1 and not torch.cuda.is_initialized()
             and not (dist.is_available() and dist.is_initialized()))

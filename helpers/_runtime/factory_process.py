@@ -106,15 +106,7 @@ class _Server:
                     return
 
     def _preload(self) -> None:
-        import cloudpickle  # noqa: F401
-        import torch  # noqa: F401
-        import torch.distributed  # noqa: F401
-        import torch.nn  # noqa: F401
-        import torch.nn.parallel  # noqa: F401
-        import torch.optim  # noqa: F401
-
-        from . import rank as _rank  # noqa: F401
-
+        preload()
         if os.environ.get("HELPERS_WARM_UP") == "now":
             _warm_up(self)
 
@@ -353,6 +345,18 @@ def _exited(idtype: int, ident: int) -> int:
     except ChildProcessError:
         return 0
     return info.si_pid if info is not None else 0
+
+
+def preload() -> None:
+    """Import what every rank uses, once, in the factory (or, before it forks one, in the process it is forked from)."""
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.nn  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+    import torch.optim  # noqa: F401
+
+    from . import rank as _rank  # noqa: F401
 
 
 def serve(fd: int) -> None:
