@@ -95,10 +95,8 @@ def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
 def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int) -> torch.Tensor:
     """Exercise 3.3: sum ``tensor`` in place over all ranks, node by node, with collectives on subgroups.
 
-    Nodes are blocks of ``ranks_per_node`` consecutive ranks; each node's leader is its
-    lowest rank. Reduce within each node to its leader, all-reduce among the leaders,
-    then broadcast from each leader within its node. Every rank creates every group, in
-    the same order, members or not.
+    Nodes are blocks of ``ranks_per_node`` consecutive ranks, led by their lowest rank. Reduce within each node to
+    its leader, all-reduce among the leaders, broadcast within each node. Every rank creates every group, in order.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     m = ranks_per_node
@@ -115,10 +113,8 @@ def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int) -> torch.
 def average_gradients(model: torch.nn.Module) -> None:
     """Exercise 5.1: every parameter's ``.grad`` becomes its mean over all ranks, in place.
 
-    Frozen parameters, and parameters with no gradient on any rank, are left alone; a
-    parameter with a gradient on some ranks only counts as zero on the others. One small
-    all-reduce first makes every rank agree on which parameters to reduce, so that every
-    rank makes the same calls.
+    Frozen parameters, and those with no gradient on any rank, are left alone; a gradient on some ranks only counts
+    as zero on the others. One small all-reduce first makes the ranks agree on which to reduce (the same calls).
     """
     world_size = dist.get_world_size()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -193,12 +189,10 @@ class PerParameterDDP(torch.nn.Module):
 class MiniDDP(torch.nn.Module):
     """Exercise 6.2: data parallelism that reduces gradients in buckets while backward runs.
 
-    At construction every parameter and buffer takes rank 0's value. During backward, a
-    hook on each parameter notes its gradient as ready; when every gradient of a bucket is
-    ready, the bucket's all-reduce starts, asynchronously. ``finish_gradient_synchronization``
-    starts any bucket still waiting (its missing gradients count as zero), waits for every
-    all-reduce and writes each parameter's mean gradient back to ``.grad`` (a zero tensor for
-    a parameter no rank used).
+    At construction every parameter and buffer takes rank 0's value. A bucket's asynchronous all-reduce starts when
+    its last gradient is ready; ``finish_gradient_synchronization`` starts any bucket still waiting (a missing
+    gradient counts as zero), waits for all and writes each mean back into ``.grad``. A parameter whose gradient never
+    came keeps ``.grad`` None, as DDP leaves a parameter no rank used, so an optimizer skips it.
     """
 
     def __init__(self, module: torch.nn.Module, bucket_size_mb: float = 25.0) -> None:
@@ -240,12 +234,9 @@ class MiniDDP(torch.nn.Module):
             flat /= world_size
             offset = 0
             for p in self.buckets[b]:
-                mean = flat[offset:offset + p.numel()].view_as(p)
+                if p.grad is not None:  # one that never came stays None: no rank used it (the same on every rank)
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
-                if p.grad is None:
-                    p.grad = mean.clone()
-                else:
-                    p.grad.copy_(mean)
         self._started = []
         self._ready = [0] * len(self.buckets)
 
@@ -254,23 +245,29 @@ class MiniDDP(torch.nn.Module):
 
 
 class ShardedOptimizer:
-    """Exercise 9.1: ZeRO-1. Each rank keeps optimizer state for its 1/p slice of the flattened parameters.
+    """Exercise 9.1: ZeRO-1. Each rank keeps optimizer state for its 1/p slice of the flattened trainable parameters.
 
-    ``step()`` reduce-scatters the flattened gradients (each rank receives the mean of its
-    slice), steps the slice with ``optimizer_cls``, and all-gathers the updated slices into
-    every rank's parameters. The flat vector is padded to a multiple of the world size, since
-    a reduce-scatter gives every rank an equal share.
+    ``step()`` reduce-scatters the padded flat gradients (each rank receives its slice's mean), steps the slice, and
+    all-gathers the updated slices into every rank's parameters. The slice is one piece per parameter in it (and one
+    for the padding), so a piece whose parameter got no gradient gets none and is left as torch's optimizers leave such
+    a parameter. Every rank must see the same parameters without a gradient, as FSDP2 also assumes.
     """
 
     def __init__(self, params, optimizer_cls, **kwargs) -> None:
-        self.params = list(params)
+        self.params = [p for p in params if p.requires_grad]
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
         self.shard = -(-self.numel // self.world_size)
         flat = self._flatten([p.detach() for p in self.params])
-        mine = flat[self.rank * self.shard:(self.rank + 1) * self.shard]
-        self.local = torch.nn.Parameter(mine.clone())
-        self.optimizer = optimizer_cls([self.local], **kwargs)
+        start, end = self.rank * self.shard, (self.rank + 1) * self.shard
+        self.pieces, offset = [], 0  # (parameter, or None for the padding; this rank's piece of it)
+        for p in self.params + [None]:  # None: the padding after the last parameter
+            size = p.numel() if p is not None else self.shard * self.world_size - self.numel
+            lo, hi = max(offset, start), min(offset + size, end)
+            if lo < hi:
+                self.pieces.append((p, torch.nn.Parameter(flat[lo:hi].clone())))
+            offset += size
+        self.optimizer = optimizer_cls([piece for _, piece in self.pieces], **kwargs)
 
     def _flatten(self, tensors) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -282,15 +279,18 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         grads = self._flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        mean = torch.empty_like(self.local)
-        reduce_scatter(mean, grads)
-        self.local.grad = mean.div_(self.world_size)
+        mean = torch.empty(self.shard, dtype=grads.dtype)
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(mean, grads)
+        offset = 0
+        for p, piece in self.pieces:
+            has_grad = p is not None and p.grad is not None
+            piece.grad = mean[offset:offset + piece.numel()] / self.world_size if has_grad else None
+            offset += piece.numel()
         self.optimizer.step()
         flat = torch.empty_like(grads)
-        all_gather(flat, self.local.detach())
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+            flat, torch.cat([piece.detach() for _, piece in self.pieces]))
         offset = 0
         for p in self.params:
             p.copy_(flat[offset:offset + p.numel()].view_as(p))

@@ -1,9 +1,10 @@
 """Checks of a sharded optimizer (lesson 09): the graded model and data, what runs on the ranks, the traffic rule.
 
 - :func:`graded_model` and :func:`graded_batch`: a small language model whose output head
-  shares the embedding's weight (tied weights), and its batches, the same on every process for
-  one seed; :func:`model_sizes` picks its widths so that the parameter count divides by none
-  of the world sizes tried;
+  shares the embedding's weight (tied weights), with a frozen layer, a layer no step uses and a
+  branch only the first steps take, and its batches, the same on every process for one seed;
+  :func:`without_gradient` says which parameters lack a gradient, and when; :func:`model_sizes`
+  picks its widths so that the parameter count divides by none of the world sizes tried;
 - :func:`reference_params`: one process on the whole batch with the unsharded optimizer (and,
   to name a mistake, the same with the gradients summed over the ranks instead of averaged);
 - :func:`sharded_worker` (on the ranks): ``steps`` steps through the learner's
@@ -23,7 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-__all__ = ["OPTIMIZERS", "SLACK", "graded_model", "graded_batch", "model_sizes", "reference_params",
+__all__ = ["OPTIMIZERS", "SLACK", "EARLY_STEPS", "graded_model", "without_gradient", "graded_batch", "model_sizes",
+           "reference_params",
            "sharded_worker", "optimizer_state", "gathered_problem", "exchange_problem", "REDUCE_SCATTERS",
            "ALL_GATHERS"]
 
@@ -38,25 +40,37 @@ _HARMLESS = ("barrier", "monitored_barrier")
 
 
 def model_sizes(seed: int, worlds: tuple[int, ...] = (2, 3, 4), big: bool = False) -> tuple[int, int]:
-    """``(vocab, width)`` for ``seed``: the model's parameter count is divisible by none of ``worlds``.
+    """``(vocab, width)`` for ``seed``: the model's parameter count, with and without its frozen layer, is
+    divisible by none of ``worlds``.
 
     >>> vocab, width = model_sizes(7)
-    >>> n = vocab * width + width * width + width + vocab
-    >>> [n % p for p in (2, 3, 4)].count(0)
-    0
+    >>> n = vocab * width + vocab + 4 * (width * width + width)
+    >>> [n % p for p in (2, 3, 4)].count(0), [(n - width * width - width) % p for p in (2, 3, 4)].count(0)
+    (0, 0)
     """
     import random
 
     pick = random.Random(seed)
     while True:
         vocab, width = (pick.randint(90, 130), pick.randint(20, 28)) if big else (pick.randint(9, 19), pick.randint(4, 8))
-        n = vocab * width + width * width + width + vocab
-        if all(n % p for p in worlds):
+        n = vocab * width + vocab + 4 * (width * width + width)
+        if all(n % p and (n - width * width - width) % p for p in worlds):
             return vocab, width
 
 
+#: How many of the first steps take the model's ``early`` branch; after them its parameters get no gradient.
+EARLY_STEPS = 3
+
+
 def graded_model(seed: int, vocab: int, width: int, dtype_name: str = "float32"):
-    """Embedding -> tanh(Linear) -> a head whose weight *is* the embedding's (one parameter, used twice)."""
+    """A small language model with the kinds of parameter a real job has besides the ordinary ones.
+
+    Embedding -> a frozen Linear (``base``, ``requires_grad=False``, as a pretrained layer kept fixed)
+    -> tanh(Linear) -> in the first :data:`EARLY_STEPS` steps only, plus tanh(``early``) -> a head whose
+    weight *is* the embedding's (one parameter, used twice); ``spare`` is a layer no step uses. So
+    ``base`` never has a gradient, ``spare`` never gets one, and ``early`` gets one in the first steps
+    only: torch's optimizers leave each of them as it is whenever its ``.grad`` is None.
+    """
     import torch
     import torch.nn as nn
 
@@ -64,15 +78,41 @@ def graded_model(seed: int, vocab: int, width: int, dtype_name: str = "float32")
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab, width)
+            self.base = nn.Linear(width, width).requires_grad_(False)
             self.hidden = nn.Linear(width, width)
+            self.early = nn.Linear(width, width)
             self.head = nn.Linear(width, vocab)
             self.head.weight = self.embed.weight  # tied: model.parameters() lists it once
+            self.spare = nn.Linear(width, width)
 
-        def forward(self, tokens):
-            return self.head(torch.tanh(self.hidden(self.embed(tokens))))
+        def forward(self, tokens, early: bool = False):
+            h = torch.tanh(self.hidden(torch.tanh(self.base(self.embed(tokens)))))
+            if early:
+                h = h + torch.tanh(self.early(h))
+            return self.head(h)
 
     torch.manual_seed(seed)
     return TiedNet().to(getattr(torch, dtype_name))
+
+
+def without_gradient(name: str, case: dict) -> str | None:
+    """Why the graded model's parameter ``name`` has no gradient in some of ``case``'s steps, or None.
+
+    >>> without_gradient("spare.bias", {"steps": 10})
+    'no step uses spare (its .grad stays None)'
+    >>> without_gradient("hidden.weight", {"steps": 10}) is None
+    True
+    """
+    layer = name.split(".")[0]
+    early = min(case.get("early", EARLY_STEPS), case["steps"])
+    if layer == "base":
+        return "base is frozen (requires_grad=False: it never has a gradient)"
+    if layer == "spare":
+        return "no step uses spare (its .grad stays None)"
+    if layer == "early" and early < case["steps"]:
+        return (f"only the first {early} of the {case['steps']} steps use early (its .grad is None in the other "
+                f"{case['steps'] - early})")
+    return None
 
 
 def graded_batch(seed: int, step: int, size: int, vocab: int):
@@ -106,7 +146,7 @@ def reference_params(case: dict, world_size: int, summed: bool = False) -> list:
     for step in range(case["steps"]):
         x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x, early=step < case.get("early", EARLY_STEPS)), y)
         (loss * world_size if summed else loss).backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
@@ -165,6 +205,21 @@ def optimizer_state(root: Any, depth: int = 4) -> dict[str, int]:
     return {"optimizers": len(found), "state_bytes": state_bytes, "stepped": stepped}
 
 
+def _layouts(params: list, world: int) -> list:
+    """The flat, padded vectors of ``params`` a ZeRO-1 may shard: every parameter, or the trainable ones only."""
+    import torch
+    import torch.nn.functional as F
+
+    layouts = []
+    for chosen in (params, [p for p in params if p.requires_grad]):
+        if not chosen or (layouts and len(chosen) == len(params)):
+            continue
+        flat = torch.cat([p.detach().reshape(-1) for p in chosen])
+        shard = math.ceil(flat.numel() / world)
+        layouts.append((F.pad(flat, (0, shard * world - flat.numel())), shard))
+    return layouts
+
+
 def gathered_problem(payloads: list[tuple[Any, Any]], params: list, world: int, rank: int) -> str | None:
     """What one ``step()``'s all-gather carried, if it was not this rank's slice of the *updated* parameters.
 
@@ -173,15 +228,12 @@ def gathered_problem(payloads: list[tuple[Any, Any]], params: list, world: int, 
     parameters after the step. ZeRO-1's all-gather hands every rank's updated slice to the
     others; one that carries the averaged gradients instead leaves every rank to step the
     whole model itself, with the whole optimizer state. A built-in all-gather must carry this
-    rank's slice of the flattened, padded parameters; by hand (lesson 4's ring), the sends of
-    the all-gather phase (the step's last p-1 sends) must each carry one slice of them.
+    rank's slice of the flattened, padded parameters (all of them, or the trainable ones only:
+    a frozen parameter may stay out); by hand (lesson 4's ring), the sends of the all-gather
+    phase (the step's last p-1 sends) must each carry one slice of them.
     """
     import torch
-    import torch.nn.functional as F
 
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    shard = math.ceil(flat.numel() / world)
-    flat = F.pad(flat, (0, shard * world - flat.numel()))
     gathers = [t.reshape(-1) for e, t in payloads if not e.is_send and e.op in ALL_GATHERS]
     if gathers:
         windows = {rank}
@@ -190,7 +242,8 @@ def gathered_problem(payloads: list[tuple[Any, Any]], params: list, world: int, 
         windows = set(range(world))
         carried = [t.reshape(-1) for e, t in payloads if e.is_send][-(world - 1):] if world > 1 else []
     for t in carried:
-        if not any(t.dtype == flat.dtype and torch.equal(t, flat[c * shard:c * shard + t.numel()]) for c in windows):
+        if not any(t.dtype == flat.dtype and torch.equal(t, flat[c * shard:c * shard + t.numel()])
+                   for flat, shard in _layouts(params, world) for c in windows):
             how = "the all-gather" if gathers else "a send of the all-gather phase"
             return (f"{how} carried {t.numel()} values that are not a slice of the parameters as step() left them. "
                     "ZeRO-1 gathers the *updated parameters*: each rank steps only its own slice (its optimizer "
@@ -205,10 +258,12 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
 
     Each rank trains on its own equal slice of every batch; the check clears the gradients
     itself (``model.zero_grad(set_to_none=True)``) and calls ``step()``. Returns the
-    parameters, each step's calls as ``(op, bytes, is_send)`` (every collective the trace
+    parameters, whether each ``step()`` changed any of them, where each parameter without a gradient
+    stood once it had none any more (``settled``), each step's calls as ``(op, bytes, is_send)`` (every collective the trace
     sees, however it was made, and the point-to-point calls of a hand-made ring), what the
     optimizer holds (:func:`optimizer_state`), and on rank 0 the one-process references.
     """
+    import torch
     import torch.nn.functional as F
 
     from helpers._runtime.instrument import current
@@ -216,10 +271,14 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
     inst = current()
     tracing = inst.tracing if inst is not None else False
     calls: list[list[tuple]] = []
+    moved: list[bool] = []
     carried: list[str | None] = []
     model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
     optimizer, kwargs = _optimizer(case["optimizer"])
     opt = cls(model.parameters(), optimizer, **kwargs)
+    early = min(case.get("early", EARLY_STEPS), case["steps"])
+    # Each parameter's value from the moment it has no gradient any more: it must stay there.
+    settled = {name: p.detach().clone() for name, p in model.named_parameters() if without_gradient(name, case)}
     if inst is not None:
         inst.tracing = True  # record each step's calls as events, read back below
     try:
@@ -227,11 +286,16 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
             x, y = graded_batch(case["seed"], step, world_size * case["per_rank"], case["vocab"])
             mine = slice(rank * case["per_rank"], (rank + 1) * case["per_rank"])
             model.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            F.cross_entropy(model(x[mine], early=step < case.get("early", EARLY_STEPS)), y[mine]).backward()
+            before = [p.detach().clone() for p in model.parameters()]
             if inst is not None:
                 inst.take_events()
                 inst.payloads = []  # keep what each call of the step carried
             opt.step()
+            moved.append(any(not torch.equal(b, p) for b, p in zip(before, model.parameters())))
+            if step == early - 1:
+                settled.update({name: p.detach().clone() for name, p in model.named_parameters() if name in settled
+                                and name.startswith("early.")})
             events = inst.take_events() if inst is not None else []
             calls.append([(e.op, e.nbytes or 0, e.is_send) for e in events if not e.is_recv])
             if inst is not None:
@@ -244,8 +308,12 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "names": [name for name, _ in model.named_parameters()],
+        "sizes": [p.numel() for p in model.parameters()],
         "numel": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "calls": calls,
+        "moved": moved,
+        "settled": settled,
         "carried": carried,
         "state": optimizer_state(opt),
         "reference": reference_params(case, world_size) if rank == 0 else None,
@@ -259,22 +327,28 @@ def _sizes(numel: int, world: int, itemsize: int) -> str:
             f"({world * shard * itemsize} bytes), a shard of {shard} elements ({shard * itemsize} bytes)")
 
 
-def exchange_problem(calls: list[tuple], numel: int, world: int, itemsize: int = 4) -> str | None:
+def exchange_problem(calls: list[tuple], numel: int, world: int, itemsize: int = 4,
+                     trainable: int | None = None) -> str | None:
     """What is wrong with one ``step()``'s calls on one rank, or None when they are ZeRO-1's exchange.
 
     The rule: exactly one reduce-scatter-shaped exchange of the flattened gradients and one
     all-gather-shaped exchange of the updated shards. A built-in reduce-scatter takes the
     whole (padded) flat tensor, a built-in all-gather gives one shard of at most ceil(N/p)
     elements; an exchange made by hand (lesson 4's ring) is p-1 sends of at most a shard
-    each. So any correct way of doing it passes: built-in, by hand, or one of each.
+    each. So any correct way of doing it passes: built-in, by hand, or one of each. ``numel`` is
+    every parameter's elements, ``trainable`` those of the parameters that require a gradient:
+    the flat vector may hold either (a frozen parameter may stay out of it).
 
     >>> exchange_problem([("reduce_scatter_single", 48, False), ("all_gather_single", 16, False)], 10, 3) is None
     True
     >>> exchange_problem([("all_reduce", 40, False), ("all_gather_single", 16, False)], 10, 3)[:40]
     'step() called all_reduce (40 bytes): an '
     """
+    least = numel if trainable is None else min(trainable, numel)
     shard = math.ceil(numel / world)
     what = _sizes(numel, world, itemsize)
+    if least < numel:
+        what += f" (or, leaving the frozen parameters out, {_sizes(least, world, itemsize)})"
     others = [(op, n) for op, n, send in calls if not send and op not in REDUCE_SCATTERS + ALL_GATHERS + _HARMLESS]
     if others:
         op, n = others[0]
@@ -296,9 +370,9 @@ def exchange_problem(calls: list[tuple], numel: int, world: int, itemsize: int =
         return (f"step() made {len(rs)} reduce-scatter(s), {len(ag)} all-gather(s) and {len(sends)} point-to-point "
                 f"send(s); ZeRO-1 makes one reduce-scatter of the flattened gradients and one all-gather of the "
                 f"updated shards per step (by hand: p-1 = {world - 1} sends of one shard each for each of the two).")
-    if rs and not numel * itemsize <= rs[0] <= world * shard * itemsize:
+    if rs and not least * itemsize <= rs[0] <= world * shard * itemsize:
         return f"the reduce-scatter took {rs[0]} bytes; the flattened gradients are {what}."
-    if ag and not (ag[0] <= shard * itemsize and ag[0] * world >= numel * itemsize):
+    if ag and not (ag[0] <= shard * itemsize and ag[0] * world >= least * itemsize):
         return f"the all-gather sent {ag[0]} bytes from this rank; the parameters are {what}, and each rank sends its shard."
     big = [n for n in sends if n > shard * itemsize]
     if big:
