@@ -4,9 +4,10 @@ A temporary copy of the course receives five learners' versions of lesson 06 and
 with `python -m autograder grade`, the instructor's command: the instructor's answers to
 6.1 (one all-reduce per parameter) and 6.2 (MiniDDP), and mistakes made from them, each a
 line or two away from the answer: a 6.1 that waits for each all-reduce inside its hook, a
-6.1 that never waits, and MiniDDPs with no broadcast at construction, every bucket reduced
-only after backward (no overlap), the all-reduces never waited for, and the sum never
-divided by the world size. The feedback pages must show each failing part as its exercise,
+6.1 that never waits, a 6.1 that gives a parameter no rank used a zero gradient, and
+MiniDDPs with no broadcast at construction, every bucket reduced only after backward (no
+overlap), a zero gradient written into a parameter no rank used, the all-reduces never
+waited for, and the sum never divided by the world size. The feedback pages must show each failing part as its exercise,
 part, points and message, without the checks' own traceback.
 """
 
@@ -26,7 +27,13 @@ PER_PARAMETER, MINIDDP = "ex6_1-perparameterddp", "ex6_2-miniddp"
 MISTAKES_6_1 = {
     # The hook waits for its own all-reduce: right gradients, but backward stops at every parameter.
     "ben": (("        self.pending.append((param, work))\n",
-             "        work.wait()\n        self.pending.append((param, work))\n"),),
+             "        work.wait()\n        self.pending.append((param, work))\n"),
+            # ... and hands every trainable parameter a gradient, a zero one where none came (issue 48).
+            ("            param.grad /= dist.get_world_size()\n        self.pending = []",
+             "            param.grad /= dist.get_world_size()\n        self.pending = []\n"
+             "        for param in self.module.parameters():\n"
+             "            if param.requires_grad and param.grad is None:\n"
+             "                param.grad = torch.zeros_like(param)")),
     # finish_gradient_synchronization divides whatever is there: the all-reduces are never waited for.
     "cid": (("            work.wait()                            # only now does param.grad hold the sum\n", ""),),
 }
@@ -34,7 +41,14 @@ MISTAKES_6_2 = {
     # Each rank keeps the weights it built: nothing makes them rank 0's.
     "ben": (("dist.broadcast(tensor, src=0)", "pass"),),
     # The hook counts but never starts a bucket: finish starts them all, after backward.
-    "cid": (("            self._start(b)\n\n    def _start", "            pass\n\n    def _start"),),
+    "cid": (("            self._start(b)\n\n    def _start", "            pass\n\n    def _start"),
+            # ... and writes the mean back into every parameter of a bucket, a zero into one whose gradient never came.
+            ("                if p.grad is not None:              # one that never came stays None: no rank used it\n"
+             "                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+             "                offset += p.numel()",
+             "                mean = flat[offset:offset + p.numel()].view_as(p)\n"
+             "                offset += p.numel()\n"
+             "                p.grad = mean.clone() if p.grad is None else p.grad.copy_(mean)")),
     # The result is read whether or not the all-reduce has finished.
     "dee": (("            work.wait()                             # only now does flat hold the sum\n", ""),),
     # The sum is copied back as it is.
@@ -58,19 +72,23 @@ def test_the_instructors_answers_earn_full_marks(graded_lesson):
 
 
 def test_waiting_in_the_hook_and_no_broadcast_lose_only_their_parts(graded_lesson):
-    """Does a 6.1 that waits inside its hook lose 'per_parameter' alone, and a MiniDDP that never broadcasts 'broadcast'
-    alone, each with feedback that says what to change?"""
-    assert graded_lesson.scores("ben") == {**graded_lesson.points, "6.1/per_parameter": 0, "6.2/broadcast": 0}
+    """Does a 6.1 that waits inside its hook lose 'per_parameter', one that gives an unused parameter a zero gradient
+    'unused', and a MiniDDP that never broadcasts 'broadcast', and nothing else, with feedback that says what to change?"""
+    assert graded_lesson.scores("ben") == {**graded_lesson.points, "6.1/per_parameter": 0, "6.1/unused": 0,
+                                           "6.2/broadcast": 0}
     graded_lesson.check_feedback("ben", "were waited for during backward", "wait for it only in finish_gradient_synchronization()",
-                                 "broadcast every parameter and buffer from rank 0")
+                                 "broadcast every parameter and buffer from rank 0",
+                                 "spare.weight, which no rank used, has a gradient", "None and zero are not the same")
 
 
 def test_never_waiting_in_6_1_and_reducing_after_backward_are_named(graded_lesson):
-    """Does a 6.1 that never waits lose its gradients (the values named as a half-finished exchange), and a MiniDDP that
-    starts every all-reduce after backward lose the overlap part alone, saying why?"""
-    assert graded_lesson.scores("cid") == {**graded_lesson.points, "6.1/gradients": 0, "6.2/overlap": 0}
+    """Does a 6.1 that never waits lose its gradients (the values named as a half-finished exchange, in both parts that
+    make a rank late), a MiniDDP that starts every all-reduce after backward lose the overlap part, and one that writes
+    a zero gradient into a parameter no rank used lose 'unused', saying why?"""
+    assert graded_lesson.scores("cid") == {**graded_lesson.points, "6.1/gradients": 0, "6.1/unused": 0,
+                                           "6.2/overlap": 0, "6.2/unused": 0}
     graded_lesson.check_feedback("cid", "The values look like a half-finished exchange", "never called wait()",
-                                 "so communication overlaps the rest of backward")
+                                 "so communication overlaps the rest of backward", "should keep .grad None")
 
 
 def test_never_waiting_loses_the_late_rank_part(graded_lesson):
@@ -95,7 +113,7 @@ def test_forgetting_to_divide_is_named_and_the_buckets_are_judged_on_their_sizes
 def test_feedback_shows_part_verdict_and_message_not_the_checks_traceback(graded_lesson):
     """Does each failing part's cell on the feedback page read 'Exercise N.M, part "p": 0 of k points.' followed by the
     message, with no frame of the grading code (kit.py, lesson06.py, gradcheck.py)?"""
-    graded_lesson.check_verdicts("ben", {"6.1/per_parameter", "6.2/broadcast"})
+    graded_lesson.check_verdicts("ben", {"6.1/per_parameter", "6.1/unused", "6.2/broadcast"})
     graded_lesson.check_verdicts("eli", {"6.2/gradients", "6.2/waits", "6.2/unused"})
 
 

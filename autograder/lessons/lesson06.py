@@ -3,14 +3,16 @@
 - 6.1 ``PerParameterDDP(module)``: construction makes every parameter and buffer equal to
   rank 0's (a broadcast); a post-accumulate-grad hook on each trainable parameter starts an
   asynchronous all-reduce of its gradient the moment backward produces it;
-  ``finish_gradient_synchronization()`` waits for every one and divides by the world size.
-  Every parameter of the graded model gets a gradient on every rank at every step.
+  ``finish_gradient_synchronization()`` waits for every one and divides by the world size. A
+  frozen parameter and one no rank uses get no hook call, no all-reduce and no gradient.
 - 6.2 ``MiniDDP(module, bucket_size_mb)``: the same, with the trainable parameters split
   into buckets by the rule of :func:`bucket_layout` (reverse order, close a bucket once it
   holds ``bucket_size_mb`` MB or more); once a bucket is full its all-reduce starts;
   ``finish_gradient_synchronization()`` starts any bucket still waiting (a gradient that never
-  came counts as zero, so a parameter no rank used ends with a zero gradient), waits for every
-  all-reduce, and leaves each ``.grad`` holding the mean over the ranks.
+  came counts as zero in it, so every rank makes the same all-reduces), waits for every
+  all-reduce, and leaves each ``.grad`` holding the mean over the ranks; a parameter whose
+  gradient never came keeps ``.grad`` None, as DDP leaves a parameter no rank used (every rank
+  uses the same parameters in the graded model).
 
 How the checks judge: everything runs in fresh rank processes, against one process on the
 whole batch computed there too (:mod:`autograder.lessons.gradcheck`). The all-reduces are
@@ -21,7 +23,7 @@ made in Python. torch's own DistributedDataParallel is switched off.
 Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("6.1").grade(PerParameterDDP, "broadcast")   # "gradients", "per_parameter"
+    exercise("6.1").grade(PerParameterDDP, "broadcast")   # "gradients", "per_parameter", "unused"
     exercise("6.2").grade(MiniDDP, "broadcast")   # "gradients", "waits", "buckets", "overlap", "unused"
     exercise("6.2").self_check(MiniDDP)
 
@@ -194,6 +196,32 @@ def _overlap(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
                                  "Start a bucket's all-reduce from the gradient hook as soon as the bucket is full")
 
 
+def _unused(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
+    """A frozen bias and a head no rank uses: nothing hangs, the other gradients are the mean (one rank late, so that
+    they were waited for), and neither of the two gets a gradient, as with torch's DDP."""
+    name = attempt.exercise.function
+    for world in worlds:
+        replies = _run_steps(attempt, world, kind="unused", bucket_size_mb=100 / MB, late_rank=world - 1,
+                             context=f"a frozen bias and a head no rank uses, rank {world - 1} late")
+        where = f"on {plural(world, 'rank')}, a model with a frozen bias and a head no rank uses"
+        _judge_gradients(attempt, world, replies, where, hint=LATE_HINT)
+        for rank, reply in enumerate(replies):
+            grads = reply["steps"][-1]["grads"]
+            if grads["layers.0.bias"] is not None:
+                attempt.fail(f"{where}, rank {rank}: the frozen parameter layers.0.bias got a gradient; leave "
+                             "parameters with requires_grad=False alone (no hook, no all-reduce, .grad None).")
+            for param in ("spare.weight", "spare.bias"):
+                if grads[param] is not None:
+                    attempt.fail(
+                        f"{where}, rank {rank}: {param}, which no rank used, has a gradient after "
+                        f"finish_gradient_synchronization() ({'all zeros' if grads[param].abs().max() == 0 else 'not even zero'}"
+                        "); it should keep .grad None, as torch's DistributedDataParallel leaves a parameter no rank "
+                        "used. None and zero are not the same to an optimizer: torch's optimizers skip a parameter "
+                        "whose .grad is None, but step one with a zero gradient, so AdamW's weight decay and "
+                        f"momentum from earlier steps would still move it. {name} may all-reduce a zero in its place, "
+                        "but must not write the result into a .grad that was None.")
+
+
 # -- Exercise 6.1: one all-reduce per parameter -----------------------------------------------
 
 
@@ -234,10 +262,11 @@ def _self_check_6_1(attempt: Attempt) -> str:
     _broadcast(attempt, (2,))
     _gradients_6_1(attempt, ((2, "float32"),))
     _per_parameter(attempt, (2,))
+    _unused(attempt, (2,))
     return ("Self-check passed on 2 ranks: the wrapper broadcasts rank 0's weights and buffers, the gradients "
-            "equal one process on the whole batch (also when one rank is late), and each parameter's all-reduce "
-            "starts from its hook, asynchronously, while backward goes on. The hidden tests also try 1, 3 and 4 "
-            "ranks and float64.")
+            "equal one process on the whole batch (also when one rank is late), each parameter's all-reduce "
+            "starts from its hook, asynchronously, while backward goes on, and a frozen bias and a head no rank "
+            "uses keep no gradient, without a hang. The hidden tests also try 1, 3 and 4 ranks and float64.")
 
 
 exercise_6_1 = Exercise(
@@ -250,6 +279,8 @@ exercise_6_1 = Exercise(
              "with one rank late.", _gradients_6_1),
         Part("per_parameter", 2, "one all-reduce per parameter and step, started from its hook and left running "
              "while backward goes on.", _per_parameter),
+        Part("unused", 1, "with a frozen parameter and a head no rank uses, nothing hangs, the other gradients are the "
+             "mean, and those two keep .grad None.", _unused),
     ),
     visible_check=_self_check_6_1,
     forbid=(DDP,),
@@ -286,27 +317,6 @@ def _buckets(attempt: Attempt, cases: tuple = ((2, 1e-6), (2, 100 / MB), (3, 300
                 )
 
 
-def _unused(attempt: Attempt, worlds: tuple[int, ...] = (2, 3)) -> None:
-    for world in worlds:
-        replies = _run_steps(attempt, world, kind="unused", bucket_size_mb=100 / MB,
-                             context="a frozen bias and a head no rank uses")
-        where = f"on {plural(world, 'rank')}, a model with a frozen bias and a head no rank uses"
-        _judge_gradients(attempt, world, replies, where)
-        for rank, reply in enumerate(replies):
-            grads = reply["steps"][-1]["grads"]
-            if grads["layers.0.bias"] is not None:
-                attempt.fail(f"{where}, rank {rank}: the frozen parameter layers.0.bias got a gradient; leave "
-                             "parameters with requires_grad=False out of the buckets.")
-            for name in ("spare.weight", "spare.bias"):
-                if grads[name] is None:
-                    attempt.fail(f"{where}, rank {rank}: {name}, which no rank used, still has .grad None after "
-                                 "finish_gradient_synchronization(). A gradient that never came counts as zero, so "
-                                 "it ends with the mean of zeros: a zero gradient (torch.zeros_like(p)).")
-                if grads[name].abs().max() > 0:
-                    attempt.fail(f"{where}, rank {rank}: {name}, which no rank used, ended with a non-zero "
-                                 "gradient; a gradient that never came counts as zero.")
-
-
 def _self_check_6_2(attempt: Attempt) -> str:
     _broadcast(attempt, (2,))
     _gradients(attempt, ((2, "float32"),))
@@ -316,8 +326,8 @@ def _self_check_6_2(attempt: Attempt) -> str:
     _unused(attempt, (2,))
     return ("Self-check passed on 2 ranks: the wrapper broadcasts rank 0's weights and buffers, the gradients "
             "equal one process on the whole batch (also when one rank is late), one bucket per layer makes one "
-            "all-reduce per layer and the first starts before backward ends, and a frozen bias keeps no gradient "
-            "while a head no rank uses gets a zero one, without a hang. The hidden tests also try 1, 3 and 4 "
+            "all-reduce per layer and the first starts before backward ends, and a frozen bias and a head no rank "
+            "uses keep no gradient, without a hang. The hidden tests also try 1, 3 and 4 "
             "ranks, float64 and other bucket sizes.")
 
 
@@ -332,8 +342,8 @@ exercise_6_2 = Exercise(
         Part("waits", 1, "still right when one rank is late: every all-reduce is waited for.", _waits),
         Part("buckets", 2, "one all-reduce per bucket, with the bucket sizes the rule gives.", _buckets),
         Part("overlap", 1, "the first all-reduce starts before backward computes its last gradient.", _overlap),
-        Part("unused", 1, "a frozen parameter keeps no gradient, a head no rank uses gets a zero one, and nothing "
-             "hangs.", _unused),
+        Part("unused", 1, "with a frozen parameter and a head no rank uses, nothing hangs, the other gradients are the "
+             "mean, and those two keep .grad None.", _unused),
     ),
     visible_check=_self_check_6_2,
     forbid=(DDP,),
