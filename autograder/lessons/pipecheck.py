@@ -1,4 +1,4 @@
-"""Checks of hand-built pipeline schedules (lesson 10, Exercises 10.2 and 10.3): the run, and the judging.
+"""Checks of hand-built pipeline schedules (lesson 10, Exercises 10.2-10.4): the run, and the judging.
 
 The learner's ``gpipe_step(stage, microbatches)`` (or ``one_f_one_b_step``) runs on every rank
 with a course-made :class:`helpers.pipeline.Stage`: rank s holds layer s of a chain of
@@ -15,7 +15,13 @@ with a course-made :class:`helpers.pipeline.Stage`: rank s holds layer s of a ch
 - :func:`judge_gradients`, :func:`judge_messages`, :func:`judge_bubble`, :func:`judge_memory`:
   the feedback. The bubble is read from :class:`helpers.schedule.Schedule`, the records
   replayed on a logical clock (a forward 1 unit, a backward 2, a message none), so it is
-  exact and does not depend on how busy the machine was.
+  exact and does not depend on how busy the machine was. 1F1B (Exercise 10.3) is the only
+  order with GPipe's bubble that holds at most p - s micro-batches on stage s
+  (:func:`one_f_one_b_order`), so its gradients and bubble are judged with that order and its
+  memory with exactly p - s at the peak.
+
+A case may give every stage a frozen bias and a parameter its forward never uses (:data:`SPARE`):
+torch's autograd leaves their ``.grad`` None, and so must the learner's step.
 
 The exercises and parts are declared in :mod:`autograder.lessons.lesson10`; this module ships
 to learners with it (the self-checks use it).
