@@ -55,9 +55,10 @@ __all__ = ["EXERCISES", "exercise_10_1", "exercise_10_2", "exercise_10_3", "exer
 
 TIMEOUT = 10.0  # a correct answer takes well under a second; the rest is room for a loaded machine
 NO_HANG_TIMEOUT = 6.0
-# Exercise 10.1: (world size, dtype); the backward part also runs TP_FROZEN: (world size, dtype, the full
-# parameters given with requires_grad=False, whose shards must stay without a gradient, as torch leaves them).
+# Exercise 10.1: (world size, dtype).
 TP_CASES = ((1, "float64"), (2, "float64"), (2, "float32"), (4, "float64"))
+# The backward part also runs (world size, dtype, the full parameters given with requires_grad=False, whose
+# shards must stay without a gradient, as torch leaves them).
 TP_FROZEN = ((2, "float64", ("fc1.weight", "fc2.bias")),)
 # Exercises 10.2 and 10.3: (stages, micro-batches).
 GPIPE_CASES = ((2, 1), (2, 4), (3, 3), (3, 5), (4, 3))
@@ -67,7 +68,7 @@ INTERLEAVED_CASES = ((2, 4), (3, 3), (4, 8))
 # The gradients parts also run a case whose stages hold a frozen bias and a parameter their forward never uses
 # (pipecheck.SPARE): (stages, micro-batches) per exercise. Their .grad must stay None, as torch's autograd leaves it.
 SPARE_CASES = {"10.2": (3, 4), "10.3": (3, 6), "10.4": (2, 4)}
-#: What feedback adds when a step raises on a parameter without a gradient (the cases above).
+#: What feedback adds when a step raises on a parameter without a gradient (a frozen bias, an unused parameter).
 NO_GRADIENT = ("If it is about None: a parameter that gets no gradient (frozen with requires_grad=False, or never used "
                "by the stage's forward) keeps .grad None after backward, as torch leaves it. Skip such a parameter "
                "(`if p.grad is not None`) rather than dividing, zeroing or creating its .grad.")
@@ -133,8 +134,8 @@ def _tp_self_check(attempt: Attempt) -> str:
     for world, dtype_name, replies in _tp_runs(attempt, ((2, "float64"),)):
         for judge in (judge_shards, judge_forward, judge_backward, judge_communication):
             judge(attempt, world, dtype_name, replies)
-    return ("Self-check passed on 2 ranks: each rank holds half of fc1's rows and the same hidden units' columns of fc2, "
-            "and fc2's whole bias; the output, the input's gradient and every shard's gradient equal one process, and "
+    return ("Self-check passed on 2 ranks: each rank holds half of fc1's rows and the same hidden units' columns of "
+            "fc2, and fc2's whole bias; the output, the input's gradient and every shard's gradient equal one process, and "
             "rank 0's output and input gradient change when the other rank's input does; forward made one all-reduce "
             "of the output and backward one of the input's gradient. The hidden tests also try 1 and 4 ranks, float32 "
             "and frozen parameters.")

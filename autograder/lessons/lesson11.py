@@ -160,7 +160,8 @@ def _memory_does_not_grow(attempt: Attempt, runs: list) -> None:
     (small, few), (large, many) = runs[0], runs[-1]
 
     def peak(replies: list) -> int:
-        return max(row["peak_live"] for rows in replies for row in rows if not row["causal"] and row["dtype"] == "float64")
+        return max(row["peak_live"] for rows in replies for row in rows
+                   if not row["causal"] and row["dtype"] == "float64")
 
     grew = peak(many) - peak(few)
     kv = next(row["kv_bytes"] for row in few[0] if row["dtype"] == "float64")
@@ -225,8 +226,8 @@ exercise_11_2 = Exercise(
     parts=(
         Part("correct", 2, "every rank's output equals one process's causal attention on its chunks r and 2p - 1 - r "
              "(2 to 4 ranks).", _part("zigzag", ZIGZAG_CASES, judge_correct)),
-        Part("balanced", 2, "the ring's work, done evenly: p - 1 blocks to the right neighbour, and every rank computes "
-             "the same number of scores, every visible one and no fully masked block (counted).",
+        Part("balanced", 2, "the ring's work, done evenly: p - 1 blocks to the right neighbour, and every rank "
+             "computes the same number of scores, every visible one and no fully masked block (counted).",
              _part("zigzag", ZIGZAG_CASES, judge_balanced, (2, 3, 4))),
     ),
     visible_check=_zigzag_self_check,

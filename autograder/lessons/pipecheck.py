@@ -52,7 +52,8 @@ TOLERANCE = 1e-5  # float32: one process and the pipeline add the micro-batches 
 #: parameters) the one its forward never uses.
 PARAMETERS = ("weight", "bias", "spare")
 #: What the cases with spare parameters say of them, as feedback words it.
-SPARE = "each stage's layer with its bias frozen (requires_grad=False) and a parameter, spare, that its forward never uses"
+SPARE = ("each stage's layer with its bias frozen (requires_grad=False) and a parameter, spare, that its forward "
+         "never uses")
 
 
 def _model(seed: int, stages: int, spare: bool = False):

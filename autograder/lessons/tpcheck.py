@@ -108,7 +108,8 @@ def _units(reply: dict) -> tuple[int, ...] | None:
 
 
 def _own_share(ref: dict, reply: dict):
-    """This rank's partial output, fc2's columns applied to its hidden units, plus fc2's bias: what a missing g leaves."""
+    """This rank's partial output, fc2's columns applied to its hidden units, plus fc2's bias: what a missing g
+    leaves."""
     import torch.nn.functional as F
 
     units = _units(reply)
@@ -288,8 +289,8 @@ def _judge_units(attempt: Attempt, where: str, rank: int, held: dict, owner: dic
                      "fc1.weight, element j of fc1.bias and column j of fc2.weight: keep the same units in all three.")
     mine = sorted(units["fc1.weight"])
     if len(mine) != hidden // world_size:
-        attempt.fail(f"{where}: rank {rank} holds {len(mine)} of the {hidden} hidden units ({describe(held['fc1.weight'])}); "
-                     f"each of the {world_size} ranks keeps {hidden // world_size}.")
+        attempt.fail(f"{where}: rank {rank} holds {len(mine)} of the {hidden} hidden units "
+                     f"({describe(held['fc1.weight'])}); each of the {world_size} ranks keeps {hidden // world_size}.")
     shared = [j for j in mine if j in owner]
     if shared:
         attempt.fail(f"{where}: ranks {owner[shared[0]]} and {rank} both hold hidden unit {shared[0]} (row {shared[0]} "
