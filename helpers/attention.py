@@ -111,7 +111,8 @@ class TensorRecorder:
 
         name = str(func)
         if not getattr(func, "is_view", False):
-            fresh = not any(r.alias_info is not None for r in getattr(func, "_schema").returns)
+            schema = getattr(func, "_schema", None)  # an operator's declared returns: in-place ones alias an input
+            fresh = schema is None or not any(getattr(r, "alias_info", None) is not None for r in schema.returns)
             for t in tree_flatten(out)[0]:
                 if not isinstance(t, torch.Tensor):
                     continue
