@@ -61,6 +61,7 @@ else:
             module = nodeid.split("::", 1)[0]
             return worker_group(Path(module).stem)
 
+    @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` leaves the hook unknown: then it is not called
     def pytest_xdist_make_scheduler(config, log):
         config.option.loadscopereorder = False  # keep LONG_FIRST's order
         return _GroupScheduling(config, log)

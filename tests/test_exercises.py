@@ -871,8 +871,8 @@ def test_shared_pieces():
     "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
     "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
     "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
-    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck", "lessons.cpcheck",
-    "lessons.cpdata")]
+    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.tpdata", "lessons.pipecheck",
+    "lessons.cpcheck", "lessons.cpdata")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the autograder's docstrings give what they show?"""

@@ -16,8 +16,12 @@ from autograder.lessons.harness import GradingFailure
 
 # The answers, defined outside this module so that the ranks receive them by value (cloudpickle).
 _SOURCE = '''
+import math
+
 import torch
 import torch.distributed as dist
+
+from autograder.lessons.reference_attention import block_attention, merge_blocks
 
 
 def _block(q, k, v, mask=None):
@@ -288,6 +292,148 @@ def ulysses_gathers(q, k, v, causal=False):
     ks = [torch.empty_like(k) for _ in range(dist.get_world_size())]
     dist.all_gather(ks, k)
     return q
+
+
+def returns_q(q, k, v, causal=False):
+    """Sends nothing, so it cannot hang."""
+    return q
+
+def keeps_the_blocks_then_merges(q, k, v, causal=False):
+    """Right values and ring traffic, every block a tensor of its own, but all of them kept and merged after the ring."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]
+    blocks=[torch.stack((k,v))]
+    for step in range(p-1):
+        incoming = torch.empty_like(blocks[-1])
+        reqs=[dist.isend(blocks[-1],(rank+1)%p), dist.irecv(incoming,(rank-1)%p)]
+        for r in reqs: r.wait()
+        blocks.append(incoming)
+    acc=None
+    for step, kv in enumerate(blocks):
+        owner = (rank - step) % p
+        if causal and owner > rank: continue
+        mask = torch.ones(n, n, dtype=torch.bool).tril() if causal and owner == rank else None
+        acc = merge_blocks(acc, block_attention(q,kv[0],kv[1], mask))
+    o,_,l=acc; return o/l
+
+def lse_merge_in_float64(q, k, v, causal=False):
+    """Right, another shape: blocks merged through their log-sum-exp, scores in float64 for any input, K and V as
+    two messages a step."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; out = lse = None
+    for step in range(p):
+        if step < p - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            reqs = [dist.isend(k, (rank+1)%p), dist.isend(v, (rank+1)%p), dist.irecv(k_in, (rank-1)%p), dist.irecv(v_in, (rank-1)%p)]
+        owner = (rank - step) % p
+        if not causal or owner <= rank:
+            s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if causal and owner == rank:
+                s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+            block_lse = torch.logsumexp(s, -1, keepdim=True)
+            block_out = torch.softmax(s, -1) @ v.double()
+            if out is None:
+                out, lse = block_out, block_lse
+            else:
+                new = torch.logaddexp(lse, block_lse)
+                out = out * torch.exp(lse - new) + block_out * torch.exp(block_lse - new)
+                lse = new
+        if step < p - 1:
+            for r in reqs: r.wait()
+            k, v = k_in, v_in
+    return out.to(q.dtype)
+
+def zigzag_alone(q, k, v):
+    """No communication: causal attention over the rank's own two chunks."""
+    n = q.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+def zigzag_straight_to_every_rank(q, k, v):
+    """Right values and even work, but every rank's keys and values sent straight to every rank: no ring."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; c = n // 2
+    kv = torch.stack((k, v)); got = {rank: kv}
+    reqs = []
+    bufs = {}
+    for j in range(p):
+        if j != rank:
+            reqs.append(dist.isend(kv, j)); bufs[j] = torch.empty_like(kv); reqs.append(dist.irecv(bufs[j], j))
+    for r in reqs: r.wait()
+    got.update(bufs)
+    whole = late = None
+    for source in range(p):
+        kvs = got[source]
+        if source == rank:
+            whole = merge_blocks(whole, block_attention(q, kvs[0], kvs[1], torch.ones(n, n, dtype=torch.bool).tril()))
+        elif source < rank:
+            whole = merge_blocks(whole, block_attention(q, kvs[0, :, :c], kvs[1, :, :c]))
+        else:
+            late = merge_blocks(late, block_attention(q[:, c:], kvs[0], kvs[1]))
+    o, m, l = whole
+    if late is not None:
+        o2, m2, l2 = merge_blocks((o[:, c:], m[:, c:], l[:, c:]), late)
+        o, l = torch.cat((o[:, :c], o2), 1), torch.cat((l[:, :c], l2), 1)
+    return o / l
+
+def zigzag_three_diagonal_products(q, k, v):
+    """Right, another shape: the diagonal block as three c x c products, K and V as two messages a step."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; c = n // 2
+    tri = torch.ones(c, c, dtype=torch.bool).tril()
+    first = second = None
+    for step in range(p):
+        if step < p - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            reqs = [dist.isend(k, (rank+1)%p), dist.isend(v, (rank+1)%p), dist.irecv(k_in, (rank-1)%p), dist.irecv(v_in, (rank-1)%p)]
+        owner = (rank - step) % p
+        if owner == rank:
+            first = merge_blocks(first, block_attention(q[:, :c], k[:, :c], v[:, :c], tri))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, :c], v[:, :c]))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, c:], v[:, c:], tri))
+        elif owner < rank:
+            first = merge_blocks(first, block_attention(q[:, :c], k[:, :c], v[:, :c]))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, :c], v[:, :c]))
+        else:
+            second = merge_blocks(second, block_attention(q[:, c:], k, v))
+        if step < p - 1:
+            for r in reqs: r.wait()
+            k, v = k_in, v_in
+    return torch.cat((first[0] / first[2], second[0] / second[2]), 1)
+
+def ulysses_all_gather(q, k, v, causal=False):
+    """An all-gather made of all_to_all: every rank's keys and values to every rank, no heads split."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    h, n, d = q.shape
+    def gather(x):
+        out = torch.empty(p, h, n, d, dtype=x.dtype)
+        dist.all_to_all_single(out, x.unsqueeze(0).expand(p, h, n, d).contiguous())
+        return out.permute(1, 0, 2, 3).reshape(h, p * n, d)
+    kk, vv = gather(k), gather(v)
+    s = q @ kk.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        pos = torch.arange(rank * n, (rank + 1) * n)
+        s = s.masked_fill(torch.arange(p * n)[None, :] > pos[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ vv
+
+def ulysses_packed(q, k, v, causal=False):
+    """Right, another shape: q, k and v packed into one all_to_all."""
+    p = dist.get_world_size()
+    h, n, d = q.shape
+    qkv = torch.stack((q, k, v))                      # (3, h, n, d)
+    send = qkv.reshape(3, p, h // p, n, d).transpose(0, 1).contiguous()   # piece j: heads block j of q, k, v
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)                 # got[j]: rank j's tokens of my heads
+    qh, kh, vh = got.permute(1, 2, 0, 3, 4).reshape(3, h // p, p * n, d)
+    s = qh @ kh.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(~torch.ones(p * n, p * n, dtype=torch.bool).tril(), float("-inf"))
+    out = torch.softmax(s, -1) @ vh                   # (h/p, p n, d)
+    back = out.reshape(h // p, p, n, d).transpose(0, 1).contiguous()
+    res = torch.empty_like(back)
+    dist.all_to_all_single(res, back)
+    return res.reshape(h, n, d)
 '''
 _ANSWERS = {"__name__": "lesson11_test_answers"}
 exec(compile(_SOURCE, "<11.x test answers>", "exec"), _ANSWERS)
@@ -318,8 +464,9 @@ def test_11_1_memory_fails_an_answer_that_holds_every_key(factory):
     ex = exercise("11.1")
     ex.grade(_ANSWERS["holds_every_key"], "correct")
     ex.grade(_ANSWERS["holds_every_key"], "ring")
-    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(1,536 "
-                                             r"bytes, by aten\.cat\.default\); the most a step needs is 1,024 bytes.*every rank's keys or values at once"):
+    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(192 "
+                                             r"numbers, by aten\.cat\.default\); the most a step needs is 128.*every "
+                                             r"rank's keys or values at once"):
         ex.grade(_ANSWERS["holds_every_key"], "memory")
 
 
@@ -445,6 +592,124 @@ def test_11_3_refuses_all_gather(factory):
                                              r"off here") as info:
         ex.grade(_ANSWERS["ulysses_gathers"], "exchange")
     assert ex.forbid_reason in str(info.value)
+
+
+def test_11_1_memory_fails_a_list_of_received_blocks_merged_after_the_ring(factory):
+    """Does an answer that keeps every received block as a tensor of its own (none larger than the limit) and merges
+    them after the ring lose memory, because what it holds grows from 3 ranks to 4, by one block pair? (That it loses
+    memory alone, through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.1")
+    answer = _ANSWERS["keeps_the_blocks_then_merges"]
+    with pytest.raises(GradingFailure, match=r"memory: not causal, float64: the tensors your function created and still "
+                                             r"held at one moment took up to [\d,]+ bytes on 4 ranks and [\d,]+ on 3: "
+                                             r"1,024 bytes more for 1 rank more.*a list of the received blocks"):
+        ex.grade(answer, "memory")
+
+
+def test_11_1_memory_counts_numbers_so_float64_scores_of_float32_inputs_pass(factory):
+    """Does a ring that computes its scores in float64 whatever its inputs (blocks merged through their log-sum-exp,
+    K and V as two messages) earn the memory part, its float64 block of scores for float32 inputs being as many
+    numbers as the limit allows? (Every part, through the grade command: tests/test_grading_e2e_11.py.)"""
+    exercise("11.1").grade(_ANSWERS["lse_merge_in_float64"], "memory")
+
+
+def test_11_1_float32_tolerance_admits_every_right_merge_and_no_usual_mistake():
+    """On 30 seeds, 2 and 4 ranks, causal and not, does every rank's float32 output of a rescaling merge and of a
+    log-sum-exp merge stay within cpdata.tolerance, while every usual mistake's output (on 3 of those seeds) stays
+    far outside it?"""
+    import math
+
+    import torch
+
+    from autograder.lessons.cpcheck import _data
+    from autograder.lessons.cpdata import full_attention, mistakes, tolerance
+
+    def merged(q, ks, vs, masks, lse):
+        out = m = l = None
+        for k, v, mask in zip(ks, vs, masks):
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            if lse:
+                block, block_lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1, keepdim=True)
+                if out is None:
+                    out, m = block, block_lse
+                else:
+                    new = torch.logaddexp(m, block_lse)
+                    out, m = out * torch.exp(m - new) + block * torch.exp(block_lse - new), new
+                continue
+            bm = s.amax(-1, keepdim=True)
+            e = torch.exp(s - bm)
+            if out is None:
+                out, m, l = e @ v, bm, e.sum(-1, keepdim=True)
+            else:
+                top = torch.maximum(m, bm)
+                out = out * torch.exp(m - top) + (e @ v) * torch.exp(bm - top)
+                l, m = l * torch.exp(m - top) + e.sum(-1, keepdim=True) * torch.exp(bm - top), top
+        return out if lse else out / l
+
+    worst, closest = 0.0, float("inf")
+    for seed in range(30):
+        for p in (2, 4):
+            for causal in (False, True):
+                q, k, v = _data(seed, 2, 8 * p, 4, "float32")
+                tol = tolerance("float32", q, k, v)
+                want = full_attention(q.double(), k.double(), v.double(), causal)
+                for rank in range(p):
+                    mine = slice(8 * rank, 8 * rank + 8)
+                    order = [(rank - step) % p for step in range(p) if not causal or (rank - step) % p <= rank]
+                    ks = [k[:, 8 * j:8 * j + 8] for j in order]
+                    vs = [v[:, 8 * j:8 * j + 8] for j in order]
+                    masks = [torch.ones(8, 8, dtype=torch.bool).tril() if causal and j == rank else None for j in order]
+                    for lse in (False, True):
+                        error = float((merged(q[:, mine], ks, vs, masks, lse).double() - want[:, mine]).abs().max())
+                        worst = max(worst, error / tol)
+                    if seed >= 3:
+                        continue
+                    for got in mistakes(q.double(), k.double(), v.double(), rank, p, "ring", causal, 8).values():
+                        error = float((got - want[:, mine]).abs().max())
+                        if error > 1e-9:  # a mistake that happens to be right here (on rank 0, say) says nothing
+                            closest = min(closest, error / tol)
+    assert worst < 0.5, f"a right float32 merge reached {worst:.2f} of the tolerance"
+    assert closest > 10, f"a usual mistake came within {closest:.2f} tolerances of the right output"
+
+
+def test_11_1_no_hang_pays_only_a_ring_that_passed_its_blocks(factory):
+    """Does an answer that returns q at once (it sends nothing, so it cannot hang) lose no_hang, saying what the part
+    pays for?"""
+    with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks, rank 0 finished, but sent 0 bytes to rank 1 and "
+                                             r"received 0 from rank 1; a ring attention passes p - 1 = 1 block"):
+        exercise("11.1").grade(_ANSWERS["returns_q"], "no_hang")
+
+
+def test_11_2_balanced_pays_only_the_rings_work_done_evenly(factory):
+    """Does a zig-zag answer with no communication lose balanced with fewer scores than the mask leaves visible,
+    and correct naming what it computed with, one that sends every rank's keys straight to every rank lose balanced
+    (not a ring), and one that computes the diagonal block as three products pass the self-check? (Their grades
+    through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.2")
+    with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, float64, rank 0: .*own keys and values "
+                                             r"alone"):
+        ex.grade(_ANSWERS["zigzag_alone"], "correct")
+    with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, each rank computed 72 scores, fewer than the 78 its "
+                                             r"queries see through the causal mask"):
+        ex.grade(_ANSWERS["zigzag_alone"], "balanced")
+    with pytest.raises(GradingFailure, match=r"balanced: on 3 ranks, causal, float64, rank 0 sent to rank 2; in a ring "
+                                             r"each rank sends only to its right neighbour"):
+        ex.grade(_ANSWERS["zigzag_straight_to_every_rank"], "balanced")
+    ex.self_check(_ANSWERS["zigzag_three_diagonal_products"])
+
+
+def test_11_3_an_all_gather_made_of_all_to_all_fails_the_self_check(factory):
+    """Does a Ulysses that all-gathers the keys and values with all_to_all (right values; on 2 ranks as many bytes as
+    the heads split) fail its self-check, naming the all-gather, while q, k and v packed into one all_to_all pass it?
+    (The exchange part of both, through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.3")
+    with pytest.raises(GradingFailure, match=r"self-check: on 4 ranks, not causal, float64, rank 0 passed 4608 bytes "
+                                             r"through all_to_all.*8 blocks are your keys and values sent whole to each "
+                                             r"of the 4 ranks: an all-gather made of all_to_all"):
+        ex.self_check(_ANSWERS["ulysses_all_gather"])
+    ex.self_check(_ANSWERS["ulysses_packed"])
 
 
 def test_recorder_sees_the_largest_tensor_and_counts_scores_only():

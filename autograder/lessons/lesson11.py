@@ -3,18 +3,23 @@
 - 11.1 ``ring_attention(q, k, v, causal=False)``: this rank's query, key and value blocks
   (heads x s/p x d, rank r holding positions r*s/p onwards) in, this rank's output block out;
   keys and values travel round the ring from point-to-point calls, each block merged as it
-  arrives with the online softmax. Parts: *correct* (float64 within 1e-10, float32 within
-  1e-5, causal and not, 1 to 4 ranks), *ring* (each rank sends its right neighbour exactly
-  p - 1 blocks' worth of keys and values and nothing else; stacked or as two messages of a
-  step), *memory* (no tensor larger than one s/p x s/p block of scores per head, or one stacked
-  K/V pair, on 3 and 4 ranks, where holding every key is larger than both), *no_hang*.
+  arrives with the online softmax. Parts: *correct* (float64 within 1e-10, float32 within what
+  its rounding allows, :func:`autograder.lessons.cpdata.tolerance`; causal and not, 1 to 4
+  ranks), *ring* (each rank sends its right neighbour exactly p - 1 blocks' worth of keys and
+  values and nothing else; stacked or as two messages of a step), *memory* (no tensor of more
+  numbers than one s/p x s/p block of scores per head, or one stacked K/V pair, on 3 and 4
+  ranks, where holding every key is larger than both; and the bytes held at once the same on 4
+  ranks as on 3, so a list of the received blocks loses it), *no_hang* (the blocks passed round
+  and the run ended promptly: an answer that sends nothing earns nothing).
 - 11.2 ``zigzag_attention(q, k, v)``: the causal one on the zig-zag layout (rank r holds chunks
-  r and 2p - 1 - r of 2p). Parts: *correct*, and *balanced* (every rank computes the same
-  number of scores, at most its own chunks causally plus half of every other block: the fully
-  masked products skipped, counted by :class:`helpers.attention.TensorRecorder`).
+  r and 2p - 1 - r of 2p). Parts: *correct*, and *balanced* (the ring's traffic, and every rank
+  computes the same number of scores, at least every visible one and at most its own chunks
+  causally plus half of every other block: the fully masked products skipped, counted by
+  :class:`helpers.attention.TensorRecorder`).
 - 11.3 (optional) ``ulysses_attention(q, k, v, causal=False)``: all_to_all from the sequence
   split to the heads split and back. Parts: *correct*, and *exchange* (all_to_all only, q, k
-  and v in and the output back: 4 blocks' bytes per rank).
+  and v in and the output back: 4 blocks' bytes per rank; the self-check runs on 4 ranks, where
+  an all-gather made of all_to_all moves 8).
 
 Every run is on fresh gloo ranks with q, k and v drawn at grading time. 11.1 and 11.2 run with
 every collective switched off (``forbid=COLLECTIVES``, as Exercise 4.4), so keys can only travel
@@ -39,6 +44,7 @@ from helpers import COLLECTIVES, POINT_TO_POINT
 
 from .cpcheck import attention_worker, judge_balanced, judge_correct, judge_exchange, judge_memory, judge_ring
 from .kit import Attempt, Exercise, Part, fresh_seed
+from .pieces import plural
 
 __all__ = ["EXERCISES", "exercise_11_1", "exercise_11_2", "exercise_11_3"]
 
@@ -117,7 +123,55 @@ def _ring_correct(attempt: Attempt) -> None:
 
 def _ring_no_hang(attempt: Attempt) -> None:
     for world in (2, 3, 4):  # runs of their own, each with its own short time limit
-        _runs(attempt, "ring", {world: ((True, "float64"),)}, timeout=NO_HANG_TIMEOUT, shared=False)
+        for _, replies in _runs(attempt, "ring", {world: ((True, "float64"),)}, timeout=NO_HANG_TIMEOUT, shared=False):
+            _passed_round(attempt, world, replies)
+
+
+def _passed_round(attempt: Attempt, p: int, replies: list) -> None:
+    """The run that ended did the ring's communication: every rank sent its right neighbour, and received from its
+    left, at least p - 1 blocks of keys and values (exactly how many is the ring part's to judge)."""
+    for rank, rows in enumerate(replies):
+        right, left = (rank + 1) % p, (rank - 1) % p
+        for row in rows:
+            sent = sum(n or 0 for op, peer, n in row["calls"] if op in ("send", "isend") and peer == right)
+            got = sum(n or 0 for op, peer, n in row["calls"] if op in ("recv", "irecv") and peer == left)
+            want = (p - 1) * row["kv_bytes"]
+            if sent < want or got < want:
+                attempt.fail(f"on {plural(p, 'rank')}, rank {rank} finished, but sent {sent} bytes to rank {right} and "
+                             f"received {got} from rank {left}; a ring attention passes p - 1 = "
+                             f"{plural(p - 1, 'block')} of keys and values each way ({want} bytes). This part pays for "
+                             "that exchange ending promptly: an answer that exchanges nothing cannot hang, and earns "
+                             "nothing here.")
+
+
+def _ring_memory(attempt: Attempt) -> None:
+    runs = _runs(attempt, "ring", RING_CASES, MEMORY_WORLDS)
+    for world, replies in runs:
+        judge_memory(attempt, world, replies)
+    _memory_does_not_grow(attempt, runs)
+
+
+def _memory_does_not_grow(attempt: Attempt, runs: list) -> None:
+    """The most bytes the answer's tensors held at once (non-causal, float64) is the same on 4 ranks as on 3.
+
+    A ring's step holds the block in hand, the one arriving and the running o, m and l, whatever p; an answer that
+    keeps each received block, or each step's partial result, holds one more of them for every rank added.
+    """
+    (small, few), (large, many) = runs[0], runs[-1]
+
+    def peak(replies: list) -> int:
+        return max(row["peak_live"] for rows in replies for row in rows
+                   if not row["causal"] and row["dtype"] == "float64")
+
+    grew = peak(many) - peak(few)
+    kv = next(row["kv_bytes"] for row in few[0] if row["dtype"] == "float64")
+    if grew >= kv // 2:
+        attempt.fail(f"not causal, float64: the tensors your function created and still held at one moment took up to "
+                     f"{peak(many):,} bytes on {large} ranks and {peak(few):,} on {small}: {grew:,} bytes more for "
+                     f"{plural(large - small, 'rank')} more, {grew / (kv // 2):.3g} times a key block's {kv // 2}. "
+                     "A ring attention holds the same whatever p: the block in hand, the one arriving and the running "
+                     "o, m and l. Merge each block as it arrives and let it go; a list of the received blocks, or of "
+                     "each step's partial result, grows with every rank.")
 
 
 def _ring_self_check(attempt: Attempt) -> str:
@@ -138,13 +192,15 @@ exercise_11_1 = Exercise(
     title="ring attention from point-to-point calls",
     parts=(
         Part("correct", 3, "every rank's output block equals one process's full attention (float64 within 1e-10, "
-             "float32 within 1e-5), causal and not, on 1 to 4 ranks.", _ring_correct),
+             "float32 within what its rounding allows, 16 x 2^-24 x (1 + the largest |score|) x the largest |v|), "
+             "causal and not, on 1 to 4 ranks.", _ring_correct),
         Part("ring", 2, "each rank sends its right neighbour exactly p - 1 blocks of keys and values (K and V "
              "stacked, or two messages a step) and nothing else; collectives switched off.",
              _part("ring", RING_CASES, judge_ring)),
-        Part("memory", 2, "no tensor larger than one s/p x s/p block of scores per head (or one stacked K/V pair) "
-             "is ever created, on 3 and 4 ranks.", _part("ring", RING_CASES, judge_memory, MEMORY_WORLDS)),
-        Part("no_hang", 1, "finishes promptly on 2, 3 and 4 ranks.", _ring_no_hang),
+        Part("memory", 2, "no tensor of more numbers than one s/p x s/p block of scores per head (or one stacked K/V "
+             "pair) is ever created, and what is held at once does not grow from 3 ranks to 4.", _ring_memory),
+        Part("no_hang", 1, "passes the blocks round the ring and finishes promptly on 2, 3 and 4 ranks.",
+             _ring_no_hang),
     ),
     visible_check=_ring_self_check,
     forbid=COLLECTIVES,
@@ -158,8 +214,9 @@ def _zigzag_self_check(attempt: Attempt) -> str:
         judge_correct(attempt, world, replies)
         judge_balanced(attempt, world, replies)
     return ("Self-check passed on 3 ranks: every rank's output equals one process's causal attention on its two "
-            "chunks, and every rank computed the same number of scores, the fully masked ones skipped. The hidden "
-            "tests also try 2 and 4 ranks and float32.")
+            "chunks, each rank passed its right neighbour p - 1 blocks, and every rank computed the same number of "
+            "scores, every visible one and none of the fully masked ones. The hidden tests also try 2 and 4 ranks "
+            "and float32.")
 
 
 exercise_11_2 = Exercise(
@@ -169,8 +226,9 @@ exercise_11_2 = Exercise(
     parts=(
         Part("correct", 2, "every rank's output equals one process's causal attention on its chunks r and 2p - 1 - r "
              "(2 to 4 ranks).", _part("zigzag", ZIGZAG_CASES, judge_correct)),
-        Part("balanced", 2, "every rank computes the same number of scores, and no more than the causal mask leaves: "
-             "fully masked blocks skipped (counted).", _part("zigzag", ZIGZAG_CASES, judge_balanced, (2, 3, 4))),
+        Part("balanced", 2, "the ring's work, done evenly: p - 1 blocks to the right neighbour, and every rank "
+             "computes the same number of scores, every visible one and no fully masked block (counted).",
+             _part("zigzag", ZIGZAG_CASES, judge_balanced, (2, 3, 4))),
     ),
     visible_check=_zigzag_self_check,
     forbid=COLLECTIVES,
@@ -180,12 +238,12 @@ exercise_11_2 = Exercise(
 
 
 def _ulysses_self_check(attempt: Attempt) -> str:
-    for world, replies in _runs(attempt, "ulysses", ULYSSES_CASES, (2,)):
+    for world, replies in _runs(attempt, "ulysses", ULYSSES_CASES, (4,)):  # on 2 ranks an all-gather moves 4 blocks too
         judge_correct(attempt, world, replies)
         judge_exchange(attempt, world, replies)
-    return ("Self-check passed on 2 ranks, causal and not: the output equals one process's full attention, and "
-            "all_to_all moved q, k and v to the heads split and the output back, 4 blocks' bytes per rank. The "
-            "hidden tests also try 4 ranks and float32.")
+    return ("Self-check passed on 4 ranks, causal and not: the output equals one process's full attention, and "
+            "all_to_all moved 4 blocks' bytes per rank, q, k and v to the heads split and the output back (gathering "
+            "every rank's keys and values would move 8). The hidden tests also try 2 ranks.")
 
 
 exercise_11_3 = Exercise(

@@ -337,10 +337,10 @@ class TensorParallelMLP(torch.nn.Module):
         rank, world_size = dist.get_rank(), dist.get_world_size()
         k = fc1.out_features // world_size
         mine = slice(rank * k, (rank + 1) * k)
-        self.w1 = torch.nn.Parameter(fc1.weight.detach()[mine].clone())
-        self.b1 = torch.nn.Parameter(fc1.bias.detach()[mine].clone())
-        self.w2 = torch.nn.Parameter(fc2.weight.detach()[:, mine].clone())
-        self.b2 = torch.nn.Parameter(fc2.bias.detach().clone())
+        def shard(param, part):  # a frozen weight's shard stays frozen: torch leaves its .grad None
+            return torch.nn.Parameter(param.detach()[part].clone(), requires_grad=param.requires_grad)
+        self.w1, self.b1 = shard(fc1.weight, mine), shard(fc1.bias, mine)
+        self.w2, self.b2 = shard(fc2.weight, (slice(None), mine)), shard(fc2.bias, slice(None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _CopyToTensorParallel.apply(x)
