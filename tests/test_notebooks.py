@@ -74,9 +74,14 @@ EXPECTED_OUTPUTS = {
     ],
     # Lesson 09's prose quotes these numbers (DTensor's own collectives in the trace); older torch says "Skipped".
     "09-sharding": [
-        # Section 1: why the float32 slope lands on the formula, and the 20 bytes with a float32 gradient buffer.
+        # Section 1: why the float32 slope lands on the formula; mixed precision's 20 bytes with 16-bit gradients
+        # and 18 with Megatron-LM's float32 main_grad (its distributed-optimizer table).
         ("def held_after_forward(", r"(?m)^float32 +batch.*-> 6,912 bytes per sample|Skipped|not run while"),
-        ("main_grad = ", r"total +1,588,224 bytes = 16 x N\n.*= 20 x N|Skipped|not run while"),
+        ("def mixed_precision_step(", r"bfloat16 gradients +198,528 bytes = 2 x N\n(.*\n){3}  total at the step +1,985,280 bytes "
+                                      r"= 20 x N\n.*main_grad.*\n.*\n  bfloat16 gradients +0 bytes = 0 x N\n(.*\n){3}"
+                                      r"  total at the step +1,786,752 bytes = 18 x N|Skipped|not run while"),
+        # fully_shard cuts each rank's own copy: no collective at all.
+        ("def shards(", r"calls to torch.distributed each rank made to shard the model: \[0, 0, 0, 0\]|Skipped"),
         # A transformer block: the formula 4bs(16h + 4 + as), the fused kernel's log-sum-exp instead of the scores.
         ("def block_held(", r"256 +4,202,496 +4,202,\d\d\d +2,113,536 +2,1\d\d,\d\d\d|Skipped|not run while"),
         # The DTensor primer: what each placement change costs.
