@@ -113,6 +113,9 @@ EXPECTED_OUTPUTS = {
     "10-model-parallelism": [
         ("def tp_forward(", r"each rank's output equals the whole MLP's: \[True, True, True, True\]"),
         ("def dtensor_mlp(", r"collectives +\{'c10d_functional\.all_reduce': 2\}|Skipped"),
+        # torch.autograd.Function, taught before Exercise 10.1 needs it.
+        ("class Cube(", r"x\.grad = \[3\.0, 12\.0, 27\.0\]; autograd's own x \*\* 3 gives \[3\.0, 12\.0, 27\.0\]"),
+        ("class Cube(", r"x\.grad = \[2\.0, 2\.0, 2\.0\].*\n.*CubeBackward.*\ngradcheck\(Cube\.apply\): True"),
         ("def dtensor_mlp(", r"your TensorParallelMLP: +\[\(128, 'torch\.distributed'\), \(128, 'torch\.distributed'\)\]|Skipped"),
         ("def dtensor_mlp(", r"parallelize_module: +\[\(128, 'functional'\), \(128, 'functional'\)\]|Skipped"),
         ("def dtensor_mlp(", r"same output +True\nsame x\.grad +True|Skipped"),
@@ -137,6 +140,12 @@ EXPECTED_OUTPUTS = {
         ("def torch_chunked(", r"ScheduleInterleavedZeroBubble: each chunk's gradient / one process's, rank by rank: "
                                r"\[\[1\.0, 1\.0\], \[1\.0, 1\.0\]\]|Skipped"),
         ("def rpc_split_model(", r"rank 0's loss over 5 steps: \[[\d., ]+\]"),
+        # Activation memory from torch's own orders (p = 4, m = 8, v = 2): depth-first interleaving holds 5.5 stages'
+        # worth on rank 0 against 1F1B's 4; ZB-V, placed in a V, holds 1F1B's 4 on every rank.
+        ("def torch_orders(", r"ScheduleInterleaved1F1B: pieces per rank \[\[0, 4\], \[1, 5\], \[2, 6\], \[3, 7\]\]; most chunk-"
+                              r"micro-batches held per rank \[11, 9, 7, 5\] = \[5\.5, 4\.5, 3\.5, 2\.5\]|Skipped"),
+        ("def torch_orders(", r"ScheduleZBVZeroBubble: pieces per rank \[\[0, 7\], \[1, 6\], \[2, 5\], \[3, 4\]\]; most chunk-"
+                              r"micro-batches held per rank \[8, 8, 8, 8\] = \[4\.0, 4\.0, 4\.0, 4\.0\]|Skipped"),
     ],
     # Lesson 11's prose reads these off its cells: the memory formulas, the exact merge, the ring's messages, the
     # causal work per rank in order and in zig-zag, the bytes of the ring and of Ulysses, torch's context_parallel.
