@@ -195,7 +195,6 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     workers = workers or Workers()
     if workers.local:
         workers = Workers(jobs=max(1, workers.jobs or jobs or os.cpu_count() or 1))
-    os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks
     os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH
     quiet_gradebook()
     if sandboxed and workers.local:  # a cluster's workers are checked once they are connected

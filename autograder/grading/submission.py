@@ -66,7 +66,6 @@ def warm_up() -> None:
 
     Also clears the work folders that killed grading processes on this machine left behind.
     """
-    os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks: no rank factory for it
     quiet_gradebook()
     sweep()
     import nbclient  # noqa: F401

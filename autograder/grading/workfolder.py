@@ -23,7 +23,7 @@ from typing import Any
 
 from .task import Task, write_files
 
-__all__ = ["Job", "Tail", "text_tail", "sweep", "RANK_FACTORY_ENV", "warm_up", "CLEAN_TIMEOUT", "PREFIX"]
+__all__ = ["Job", "Tail", "text_tail", "sweep", "warm_up", "CLEAN_TIMEOUT", "PREFIX"]
 
 
 #: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
@@ -38,19 +38,13 @@ PREFIX = "course-grading-"
 _KEEP_BYTES = 64 << 10
 
 
-#: For the clean re-grade (the sandbox passes ``HELPERS_*`` on): its rank factory is a fork of it,
-#: made first thing (autograder.grading.clean), not a fresh interpreter started when helpers is
-#: imported. For a lesson whose ranks build optimizers the factory also imports at once what each of
-#: them would import again (see ``helpers._runtime.factory_process``; without it lesson 05's clean
-#: checks took 10.3 s instead of 4.2 s); for the other lessons, never (:func:`warm_up`).
-RANK_FACTORY_ENV = {"HELPERS_PRESTART": "0"}
-
-
 def warm_up(lesson: str, clean: bool) -> dict[str, str]:
     """``HELPERS_WARM_UP`` for the rank factory of a kernel (``clean`` False) or of the clean re-grade
-    of ``lesson``: ahead ("now") for the clean re-grade and when idle (the default) for the kernel
-    where its ranks import ``torch._dynamo``, never ("off") where they do not: about a second of CPU
-    saved per process (:func:`autograder.lessons.registry.warm_ranks`)."""
+    of ``lesson`` (the sandbox passes ``HELPERS_*`` on): ahead ("now") for the clean re-grade and when
+    idle (the default) for the kernel where its ranks import ``torch._dynamo``, never ("off") where
+    they do not: about a second of CPU saved per process (:func:`autograder.lessons.registry.warm_ranks`;
+    without it lesson 05's clean checks took 10.3 s instead of 4.2 s). The clean re-grade's factory is a
+    fork of it, made first thing (:mod:`autograder.grading.clean`)."""
     from ..course.cells import lesson_number
     from ..lessons.registry import warm_ranks
 
@@ -172,8 +166,7 @@ class Job:
 
         if kernel_stderr is None:
             return nbgrader_api(self.folder)
-        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_PRESTART": "1",
-               **warm_up(self.task.lesson, clean=False)}
+        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", **warm_up(self.task.lesson, clean=False)}
         self.autograded.mkdir(parents=True, exist_ok=True)
         box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
         kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
@@ -195,7 +188,7 @@ class Job:
         copy = self.clean_folder / "submission.ipynb"
         nbformat.write(notebook, copy)
         argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(self.notebook))]
-        factory_env = {**RANK_FACTORY_ENV, **warm_up(self.task.lesson, clean=True)}
+        factory_env = warm_up(self.task.lesson, clean=True)
         if self.task.sandboxed:
             argv = self.box([self.clean_folder], factory_env).wrap(argv)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **factory_env)
