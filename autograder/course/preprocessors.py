@@ -80,8 +80,9 @@ class AddColabCells(NbGraderPreprocessor):
 class RestoreMissingCells(NbGraderPreprocessor):
     """Put back graded and read-only cells a learner deleted, where they were.
 
-    The reference is the released notebook (course/<lesson>/<lesson>.ipynb under the
-    course root). Every nbgrader cell of the release that is missing from the submission
+    The reference is the released notebook, where nbgrader's own configuration puts the
+    release (``CourseDirectory.release_directory`` under ``CourseDirectory.root``:
+    course/<lesson>/<lesson>.ipynb in this course). Every nbgrader cell of the release that is missing from the submission
     is inserted after the closest earlier cell that is still there; nbgrader's
     OverwriteCells, which runs next, then restores the content of every read-only cell.
     (nbgrader's own ``add_missing_cells`` fails when the cell before a deleted test cell
@@ -93,12 +94,12 @@ class RestoreMissingCells(NbGraderPreprocessor):
         from pathlib import Path
 
         import nbformat
-
-        from .build import ROOT
+        from nbgrader.coursedir import CourseDirectory
 
         assignment = resources["nbgrader"]["assignment"]
         notebook = resources["nbgrader"]["notebook"]
-        release = Path(ROOT) / "course" / assignment / f"{notebook}.ipynb"
+        coursedir = CourseDirectory(config=self.config)
+        release = Path(coursedir.format_path(coursedir.release_directory, ".", assignment)) / f"{notebook}.ipynb"
         if not release.is_file():
             self.log.warning("No released notebook at %s: deleted cells cannot be restored", release)
             return nb, resources

@@ -35,7 +35,7 @@ def redact(text: str, folder: Path | str | None = None) -> str:
     >>> redact(f'File "{sys.prefix}/lib/x.py", line 3', None).startswith('File "<python>/lib/x.py"')
     True
     """
-    from ..course.build import ROOT
+    from ..paths import ROOT
     from .sandbox import PACKAGE_DIRS
 
     names = {}

@@ -147,7 +147,7 @@ class Job:
         return self.autograded / f"{self.task.lesson}.ipynb"
 
     def box(self, writable: list[Path], env: dict[str, str] | None = None):
-        from ..course.build import ROOT
+        from ..paths import ROOT
         from .sandbox import Sandbox
 
         return Sandbox(writable=writable, hidden=[ROOT, self.folder], env=env or {})
