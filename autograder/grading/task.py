@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict
 
-__all__ = ["Task", "Graded", "Files", "TRIES", "read_files", "write_files", "lesson_files"]
+__all__ = ["Task", "Graded", "Unfinished", "Files", "TRIES", "read_files", "write_files", "lesson_files"]
 
 
 #: Tries a submission gets when grading fails for a reason that is not the learner's (a worker
@@ -138,3 +138,12 @@ class Graded:
             del out[bulky]
         out["tries"] = out.pop("attempt")
         return out
+
+
+class Unfinished(Exception):
+    """A step of grading found that the submission can be graded no further: whose failure that is
+    (``"infrastructure"`` or ``"learner"``, as :attr:`Graded.failure`) and the line that says why."""
+
+    def __init__(self, failure: str, error: str) -> None:
+        super().__init__(error)
+        self.failure, self.error = failure, error
