@@ -39,7 +39,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder.course.build import ROOT, tool_env
+from autograder.course.build import tool_env
+from autograder.paths import ROOT
 
 __all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]

@@ -36,7 +36,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from devtools.ports import free_port
+from helpers._runtime.spec import free_port
 from devtools.scratch import layout, scores, solution_source, submission
 from test_release import DRAFT, ISOLATE, ROOT, release  # noqa: F401 - release: the module's fixture
 

@@ -150,7 +150,8 @@ def test_packages_import_downward_only():
 #: Who may import whom inside autograder/: what is graded (lessons/) stands alone on helpers; the
 #: course's notebooks (course/) read the declarations; grading a class (grading/) and building
 #: the learner release (release/) use both, and not each other. The package's own __init__ and
-#: __main__ (the command) stand above them all.
+#: __main__ (the command) stand above them all; the ground below them all (AUTOGRADER_GROUND) says
+#: where the course is.
 AUTOGRADER_LAYERS = {
     "lessons": set(),
     "course": {"lessons"},
@@ -158,6 +159,8 @@ AUTOGRADER_LAYERS = {
     "release": {"lessons", "course"},
     "site": {"course", "release"},  # the website: the Colab links of course/, the clone folder of the release
 }
+#: Top-level modules of autograder/ that every room may import, since they import nothing of autograder/.
+AUTOGRADER_GROUND = {"autograder.paths"}
 
 
 def _room(module: str) -> str | None:
@@ -176,11 +179,19 @@ def test_autograder_rooms_import_downward_only():
         f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
         for a, targets in sorted(graph.items()) if a.startswith("autograder.") and _room(a)
         for b, line in sorted(targets.items())
-        if b.split(".")[0] == "autograder" and _room(b) != _room(a)
+        if b.split(".")[0] == "autograder" and _room(b) != _room(a) and b not in AUTOGRADER_GROUND
         and (_room(b) is None or _room(b) not in AUTOGRADER_LAYERS[_room(a)])
     ]
     assert not wrong, ("imports against autograder/'s order (lessons <- course <- grading, release):\n"
                        + "\n".join(wrong))
+
+
+def test_the_ground_of_autograder_imports_none_of_it():
+    """Do the modules every room of autograder/ may import (where the course is) import nothing of autograder/?"""
+    graph = import_graph()
+    assert AUTOGRADER_GROUND <= set(graph), f"no such modules: {sorted(AUTOGRADER_GROUND - set(graph))}"
+    wrong = {a: sorted(b for b in graph[a] if b.startswith("autograder")) for a in sorted(AUTOGRADER_GROUND)}
+    assert not any(wrong.values()), f"the ground of autograder/ imports autograder/ modules: {wrong}"
 
 
 #: What the rank machinery (helpers/_runtime/) may take from the public folder above it: the

@@ -16,11 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROOT", "tool_env", "nbgrader_api", "lessons", "build", "stale_lessons", "strip_outputs"]
+from ..paths import ROOT
 
-# The course root: the folder holding nbgrader_config.py, solutions/ and course/. The
-# repository by default; COURSE_ROOT points the tools at a copy (the grading tests do).
-ROOT = Path(os.environ.get("COURSE_ROOT") or Path(__file__).resolve().parents[2]).resolve()
+__all__ = ["tool_env", "course_directory", "nbgrader_api", "lessons", "build", "stale_lessons", "strip_outputs"]
 
 
 def tool_env() -> dict[str, str]:
@@ -45,18 +43,30 @@ def nbgrader_api(root: Path | None = None, **settings: Any) -> Any:
     once instead of starting ``python -m nbgrader`` for each.
     """
     from nbgrader.apps.api import NbGraderAPI
+
+    os.environ["PATH"] = tool_env()["PATH"]  # nbgrader runs `alembic` by name
+    coursedir = course_directory(root, **settings)
+    return NbGraderAPI(coursedir=coursedir, config=coursedir.config)
+
+
+def course_directory(root: Path | None = None, **settings: Any) -> Any:
+    """nbgrader's ``CourseDirectory`` of the course at ``root`` (default: :data:`ROOT`): its folders as the course's
+    nbgrader_config.py names them, with ``settings`` (``{"Class.trait": value}``) on top.
+
+    >>> course_directory().release_directory
+    'course'
+    """
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
-    os.environ["PATH"] = tool_env()["PATH"]  # nbgrader runs `alembic` by name
     config = PyFileConfigLoader("nbgrader_config.py", path=str(root or ROOT)).load_config()
     extra = Config()
     for dotted, value in settings.items():
         section, name = dotted.split(".")
         extra[section][name] = value
     config.merge(extra)
-    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    return CourseDirectory(config=config)
 
 
 def build(names: list[str] | None = None, release_dir: Path | None = None, db_path: Path | None = None) -> None:

@@ -12,16 +12,11 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import re
-import time
-from dataclasses import dataclass
-from typing import Any, Callable
 
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.preprocessors import NbGraderPreprocessor
 
-__all__ = ["STUB", "CODE_STUB", "SANITIZE", "AddColabCells", "NameExerciseStubs", "RestoreMissingCells", "KeepSanitized",
-           "WatchedExecute", "Watch", "WATCH"]
+__all__ = ["STUB", "CODE_STUB", "SANITIZE", "AddColabCells", "NameExerciseStubs", "RestoreMissingCells"]
 
 # The one place the stub text is written: nbgrader's ClearSolutions inserts CODE_STUB,
 # NameExerciseStubs looks for STUB in it.
@@ -80,8 +75,9 @@ class AddColabCells(NbGraderPreprocessor):
 class RestoreMissingCells(NbGraderPreprocessor):
     """Put back graded and read-only cells a learner deleted, where they were.
 
-    The reference is the released notebook (course/<lesson>/<lesson>.ipynb under the
-    course root). Every nbgrader cell of the release that is missing from the submission
+    The reference is the released notebook, where nbgrader's own configuration puts the
+    release (``CourseDirectory.release_directory`` under ``CourseDirectory.root``:
+    course/<lesson>/<lesson>.ipynb in this course). Every nbgrader cell of the release that is missing from the submission
     is inserted after the closest earlier cell that is still there; nbgrader's
     OverwriteCells, which runs next, then restores the content of every read-only cell.
     (nbgrader's own ``add_missing_cells`` fails when the cell before a deleted test cell
@@ -93,12 +89,12 @@ class RestoreMissingCells(NbGraderPreprocessor):
         from pathlib import Path
 
         import nbformat
-
-        from .build import ROOT
+        from nbgrader.coursedir import CourseDirectory
 
         assignment = resources["nbgrader"]["assignment"]
         notebook = resources["nbgrader"]["notebook"]
-        release = Path(ROOT) / "course" / assignment / f"{notebook}.ipynb"
+        coursedir = CourseDirectory(config=self.config)
+        release = Path(coursedir.format_path(coursedir.release_directory, ".", assignment)) / f"{notebook}.ipynb"
         if not release.is_file():
             self.log.warning("No released notebook at %s: deleted cells cannot be restored", release)
             return nb, resources
@@ -125,64 +121,3 @@ class RestoreMissingCells(NbGraderPreprocessor):
         if restored:
             self.log.warning("Restored deleted cells: %s", ", ".join(restored))
         return nb, resources
-
-
-# -- what the grading workflow watches while nbgrader autogrades in its process ----------------
-
-
-@dataclass
-class Watch:
-    """What :class:`KeepSanitized` and :class:`WatchedExecute` saw of one autograde, in this process.
-
-    ``make grade`` runs nbgrader's autograde inside its worker processes, one submission at a
-    time each (:mod:`autograder.grading.submission`); it resets :data:`WATCH` before each and reads it
-    after: typed facts, so that how a run ended is never guessed from log text.
-    """
-
-    sanitized: Any = None  # the notebook as it was about to run: cells restored, outputs cleared
-    on_sanitized: Callable[[Any], None] | None = None  # called with it, before the kernel starts
-    kernel_started: float | None = None  # time.time() when the kernel answered
-    cells_started: int = 0  # code cells sent to the kernel
-    error: BaseException | None = None  # what ended the run early, if anything did
-
-    @property
-    def kernel_died(self) -> bool:
-        """The kernel started, ran cells and then died (a learner's ``os._exit``, a crash in C)."""
-        from nbclient.exceptions import DeadKernelError
-
-        return isinstance(self.error, DeadKernelError) and self.cells_started > 0
-
-
-#: The watch of the autograde running in this process now.
-WATCH = Watch()
-
-
-class KeepSanitized(NbGraderPreprocessor):
-    """The last sanitising step: keep a copy of the notebook as it is about to run (:data:`WATCH`)."""
-
-    def preprocess(self, nb, resources):
-        WATCH.sanitized = copy.deepcopy(nb)
-        if WATCH.on_sanitized is not None:
-            WATCH.on_sanitized(WATCH.sanitized)
-        return nb, resources
-
-
-class WatchedExecute(Execute):
-    """nbgrader's Execute, noting in :data:`WATCH` when the kernel answered, how many cells ran, and what stopped it."""
-
-    def start_new_kernel_client(self):
-        client = super().start_new_kernel_client()
-        WATCH.kernel_started = time.time()
-        return client
-
-    def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "code" and cell.source.strip():
-            WATCH.cells_started += 1
-        return super().preprocess_cell(cell, resources, index)
-
-    def preprocess(self, nb, resources, km=None):
-        try:
-            return super().preprocess(nb, resources, km=km)
-        except BaseException as exc:
-            WATCH.error = exc
-            raise

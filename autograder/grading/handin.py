@@ -35,10 +35,10 @@ import unicodedata
 import zipfile
 from pathlib import Path
 
+from ..paths import ROOT
+
 __all__ = ["VALID_NAME", "student_name", "changed_answers", "lesson_notebooks", "hand_in", "main"]
 
-#: The course's folder: it holds course/<lesson>/<lesson>.ipynb (the learner's notebooks).
-ROOT = Path(__file__).resolve().parents[2]
 #: A name the archive, the folder inside it and nbgrader's gradebook can all use.
 VALID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _NAME_RULE = "letters, digits, '-', '_' and '.', starting with a letter or digit, at most 64 characters"

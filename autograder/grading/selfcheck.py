@@ -45,12 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..paths import ROOT
 from .clean import Kept, define, exercise_code
 
 __all__ = ["Call", "self_check_calls", "stub_line", "find_notebooks", "check_notebook", "main"]
 
-#: The course's folder: it holds course/<lesson>/<lesson>.ipynb (the learner's notebooks).
-ROOT = Path(__file__).resolve().parents[2]
 #: nbgrader's own stub, for an answer cell whose stub does not name its exercise.
 PLAIN_STUB = "Replace this line with your code"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

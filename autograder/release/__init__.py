@@ -50,6 +50,6 @@ from __future__ import annotations
 
 from .build import build, main
 from .prune import prune_lesson
-from .rules import DEFAULT_DIR, ROOT, ReleaseError
+from .rules import DEFAULT_DIR, ReleaseError
 
-__all__ = ["ROOT", "DEFAULT_DIR", "ReleaseError", "build", "prune_lesson", "main"]
+__all__ = ["DEFAULT_DIR", "ReleaseError", "build", "prune_lesson", "main"]

@@ -17,7 +17,8 @@ from .project import (GITIGNORE, grading_limits, learner_environment, learner_ma
                       learner_pyproject, load_toml)
 from .prune import GRADING_DOCSTRING, INIT_DOCSTRING, prune_lesson, with_docstring
 from .readme import learner_readme
-from .rules import DEFAULT_DIR, JUNK, KEPT_MODULES, LESSON, ROOT, ReleaseError
+from ..paths import ROOT
+from .rules import DEFAULT_DIR, JUNK, KEPT_MODULES, LESSON, ReleaseError
 
 __all__ = ["build", "main"]
 

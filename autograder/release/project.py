@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .rules import ROOT, ReleaseError
+from ..paths import ROOT
+from .rules import ReleaseError
 
 __all__ = ["load_toml", "learner_pyproject", "learner_environment", "learner_makefile", "grading_limits",
            "learner_nbgrader_config", "GITIGNORE", "HANDIN_FOLDER"]

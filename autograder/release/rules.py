@@ -5,17 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["ROOT", "DEFAULT_DIR", "KEPT_MODULES", "LESSON", "JUNK", "MARKUP", "STUB", "ROOT_NAMES", "ReleaseError"]
+__all__ = ["DEFAULT_DIR", "KEPT_MODULES", "LESSON", "JUNK", "MARKUP", "STUB", "ROOT_NAMES", "ReleaseError"]
 
 
-# The repository this module belongs to: it holds course/, helpers/, pyproject.toml, Makefile.
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = Path("dist") / "learner-course"
 
 # The autograder modules learners get besides autograder/__init__.py and the lessons/lessonNN.py
 # files (paths inside autograder/, without .py); every other module stays with the instructor.
 # None of them holds an answer or a hidden test (tests/test_release.py looks for both).
 KEPT_MODULES = (
+    "paths",  # where the course is: `make check` and `make handin` find the notebooks from it
     "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
     "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
     "lessons/shardcheck",

@@ -26,7 +26,8 @@ from pathlib import Path
 import nbformat
 
 from ..course import colab
-from ..course.build import ROOT, lessons as all_lessons
+from ..course.build import lessons as all_lessons
+from ..paths import ROOT
 from ..release.readme import CLONE_FOLDER
 from . import execute, leaks, pages
 

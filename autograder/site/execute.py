@@ -61,7 +61,7 @@ _LESSON_CODE = ("__init__.py", "lessons")
 
 
 def _root() -> Path:
-    from ..course.build import ROOT
+    from ..paths import ROOT
 
     return ROOT
 
