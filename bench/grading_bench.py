@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import machine_line  # noqa: E402
 
-from autograder.course.build import lessons  # noqa: E402
+from autograder.notebooks.generate import lessons  # noqa: E402
 from devtools.scratch import RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0

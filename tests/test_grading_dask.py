@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course.build import tool_env
+from autograder.notebooks.generate import tool_env
 from autograder.grading.engine import TOPIC, died, run
 from autograder.grading.slurm import Slurm
 from autograder.grading.task import TRIES, Graded, Task

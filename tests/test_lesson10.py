@@ -6,7 +6,7 @@ however it was made, accepts any split of the hidden units between the ranks, an
 rank 0's output depends on the other ranks; 10.2-10.4 switch off every collective and
 ``torch.distributed.pipelining`` (``forbid=COLLECTIVES + (PIPELINING,)``), and their gradients
 parts run stages with a frozen bias and an unused parameter. Each test grades a part the way a
-hidden test cell does (``exercise("10.1").grade(...)``) on fresh gloo ranks and reads the
+hidden test cell does (``grade("10.1", ...)``) on fresh gloo ranks and reads the
 feedback a learner would read.
 """
 
@@ -19,7 +19,8 @@ import pytest
 from _torch_features import needs_pipelining, needs_public_functional
 
 from autograder import exercise
-from autograder.lessons.harness import GradingFailure
+from autograder.kit.harness import GradingFailure
+from autograder.hidden import grade
 
 # The answers, defined outside this module so that the ranks receive them by value (cloudpickle)
 # instead of importing this test file and its imports.
@@ -214,7 +215,7 @@ def one_at_a_time(stages, microbatches):
 def zeroes_every_gradient_first(stages, microbatches):
     """Gives every parameter a zero .grad before the step (zero_grad(set_to_none=False)): a frozen or unused
     parameter ends with zeros, not None."""
-    from autograder.lessons.reference import gpipe_step, interleaved_step
+    from autograder.answers.lesson10 import gpipe_step, interleaved_step
 
     for stage in stages if isinstance(stages, list) else [stages]:
         for p in stage.parameters():
@@ -228,7 +229,7 @@ def does_nothing(stage, microbatches):
 
 def one_at_a_time_1f1b(stage, microbatches):
     """Each micro-batch forward and backward before the next: the memory of one, no pipeline."""
-    from autograder.lessons.reference import _pipeline_backward, _pipeline_forward
+    from autograder.answers.lesson10 import _pipeline_backward, _pipeline_forward
 
     m, requests = len(microbatches), []
     for i in range(m):
@@ -240,7 +241,7 @@ def one_at_a_time_1f1b(stage, microbatches):
 
 def backward_first_1f1b(stage, microbatches):
     """Right, another shape: p - s forwards, then one backward and one forward in turn (1F1B's order)."""
-    from autograder.lessons.reference import _pipeline_backward, _pipeline_forward
+    from autograder.answers.lesson10 import _pipeline_backward, _pipeline_forward
 
     m, requests = len(microbatches), []
     warmup = min(stage.num_stages - stage.rank, m)
@@ -269,7 +270,7 @@ def test_10_1_refuses_dtensor_with_the_exercises_reason(factory):
     with pytest.raises(GradingFailure, match=r"forward: rank 0 called torch's own DTensor on 1 rank.*init_device_mesh "
                                              r"is switched off here: Exercise 10\.1 asks you to build tensor "
                                              r"parallelism yourself") as info:
-        ex.grade(_ANSWERS["Parallelized"], "forward")
+        grade(ex.number, _ANSWERS["Parallelized"], "forward")
     assert ex.forbid_reason in str(info.value)
 
 
@@ -280,7 +281,7 @@ def test_10_1_counts_an_all_reduce_however_it_is_made(factory, answer):
     the communication part: one all-reduce in forward and one in backward, whichever way each was made?"""
     ex = exercise("10.1")
     for part in ("backward", "communication"):
-        ex.grade(_ANSWERS[answer], part)
+        grade(ex.number, _ANSWERS[answer], part)
 
 
 def test_10_1_accepts_no_call_on_one_rank_and_names_swapped_f_and_g(factory):
@@ -289,25 +290,25 @@ def test_10_1_accepts_no_call_on_one_rank_and_names_swapped_f_and_g(factory):
     tells) lose the communication part, saying so?"""
     ex = exercise("10.1")
     for part in ("forward", "backward", "communication", "shards"):
-        ex.grade(_ANSWERS["SkipsAlone"], part)
+        grade(ex.number, _ANSWERS["SkipsAlone"], part)
     with pytest.raises(GradingFailure, match=r"communication: on 2 ranks, float64, rank \d's forward made all_reduce of "
                                              r"\d+ bytes; it should make exactly one all-reduce, of fc2's output \(g\).*"
                                              r"Are f and g swapped\?"):
-        ex.grade(_ANSWERS["SwappedFG"], "communication")
+        grade(ex.number, _ANSWERS["SwappedFG"], "communication")
 
 
 def test_10_2_refuses_the_1f1b_order(factory):
     """Does a 1F1B schedule, right in gradients, messages and bubble, lose 10.2's bubble part, saying that GPipe runs
     every forward before any backward?"""
-    from autograder.lessons.reference import one_f_one_b_step
+    from autograder.answers.lesson10 import one_f_one_b_step
 
     ex = exercise("10.2")
-    ex.grade(one_f_one_b_step, "gradients")
-    ex.grade(one_f_one_b_step, "messages")
+    grade(ex.number, one_f_one_b_step, "gradients")
+    grade(ex.number, one_f_one_b_step, "messages")
     with pytest.raises(GradingFailure, match=r"bubble: with \d stages and \d micro-batches, stage \d ran micro-batch \d's "
                                              r"backward before micro-batch \d's forward\. GPipe runs every micro-batch "
                                              r"forward, then every one backward"):
-        ex.grade(one_f_one_b_step, "bubble")
+        grade(ex.number, one_f_one_b_step, "bubble")
 
 
 @needs_public_functional
@@ -317,7 +318,7 @@ def test_10_1_names_an_all_reduce_that_autograd_differentiates_by_itself(factory
     with pytest.raises(GradingFailure, match=r"(?s)communication: .*backward made all_reduce of \d+ bytes \(a functional "
                                              r"collective\), all_reduce of \d+ bytes \(a functional collective\).*"
                                              r"g's all-reduce was differentiated too"):
-        exercise("10.1").grade(_ANSWERS["FunctionalWithoutG"], "communication")
+        grade("10.1", _ANSWERS["FunctionalWithoutG"], "communication")
 
 
 @needs_pipelining
@@ -328,11 +329,11 @@ def test_pipeline_exercises_refuse_torchs_pipelining_and_functional_gathers(fact
     ex = exercise(number)
     with pytest.raises(GradingFailure, match=r"rank \d called torch's own pipelining \(torch\.distributed\.pipelining\) "
                                              r"on 2 ranks.*PipelineStage is switched off here") as info:
-        ex.grade(_ANSWERS["torch_pipeline"], "gradients")
+        grade(ex.number, _ANSWERS["torch_pipeline"], "gradients")
     assert ex.forbid_reason in str(info.value)
     with pytest.raises(GradingFailure, match=r"rank \d called a built-in collective on 2 ranks.*_functional_collectives"
                                              r"\.all_gather_tensor is switched off here") as info:
-        ex.grade(_ANSWERS["gathers_activations"], "gradients")
+        grade(ex.number, _ANSWERS["gathers_activations"], "gradients")
     assert ex.forbid_reason in str(info.value)
 
 
@@ -340,22 +341,22 @@ def test_10_4_earns_both_parts_with_a_breadth_first_schedule_and_names_one_that_
     """Does the breadth-first interleaved schedule earn 10.4's gradients and bubble, and does one that takes each
     micro-batch through both chunks and back before the next (right gradients) lose the bubble, quoting the formula
     and showing its steps?"""
-    from autograder.lessons.reference import interleaved_step
+    from autograder.answers.lesson10 import interleaved_step
 
     ex = exercise("10.4")
-    ex.grade(interleaved_step, "gradients")
-    ex.grade(interleaved_step, "bubble")
-    ex.grade(_ANSWERS["one_at_a_time"], "gradients")
+    grade(ex.number, interleaved_step, "gradients")
+    grade(ex.number, interleaved_step, "bubble")
+    grade(ex.number, _ANSWERS["one_at_a_time"], "gradients")
     with pytest.raises(GradingFailure, match=r"(?s)bubble: with 2 stages and 4 micro-batches, 2 chunks per rank: .*a "
                                              r"bubble of \(p - 1\) / \(v m \+ p - 1\) = 1/9\..*stage 0 \| F0a"):
-        ex.grade(_ANSWERS["one_at_a_time"], "bubble")
+        grade(ex.number, _ANSWERS["one_at_a_time"], "bubble")
 
 
 def test_10_1_gives_full_marks_to_a_strided_split_of_the_hidden_units(factory):
     """Does a module whose rank r keeps hidden units r, r + p, r + 2p, ... (fc1's rows and bias, fc2's columns, the
     frozen ones frozen) earn the shards part and pass the self-check, as the lesson's blocks do? (Every part, through
     the grade command: tests/test_grading_e2e_10.py.)"""
-    exercise("10.1").grade(_ANSWERS["Strided"], "shards")
+    grade("10.1", _ANSWERS["Strided"], "shards")
     exercise("10.1").self_check(_ANSWERS["Strided"])
 
 
@@ -366,14 +367,14 @@ def test_10_1_whole_copies_computed_alone_earn_nothing(factory):
     answer = _ANSWERS["WholeCopies"]
     with pytest.raises(GradingFailure, match=r"forward: on 2 ranks, float64: rank 0's output stayed the same when every "
                                              r"other rank ran forward on another input: rank 0 computed it alone"):
-        ex.grade(answer, "forward")
+        grade(ex.number, answer, "forward")
     with pytest.raises(GradingFailure, match=r"backward: on 2 ranks, float64: rank 0's input gradient stayed the same"
                                              r".*f's backward sums the parts over the ranks"):
-        ex.grade(answer, "backward")
+        grade(ex.number, answer, "backward")
     with pytest.raises(GradingFailure, match=r"communication: .*forward made no call at all"):
-        ex.grade(answer, "communication")
+        grade(ex.number, answer, "communication")
     with pytest.raises(GradingFailure, match=r"shards: .*holds all of fc1\.weight, unsplit"):
-        ex.grade(answer, "shards")
+        grade(ex.number, answer, "shards")
 
 
 def test_10_1_a_frozen_weight_must_stay_without_a_gradient(factory):
@@ -381,12 +382,12 @@ def test_10_1_a_frozen_weight_must_stay_without_a_gradient(factory):
     (so they get gradients) lose the backward part alone, naming the parameter and the fix?"""
     ex = exercise("10.1")
     for part in ("forward", "communication", "shards"):
-        ex.grade(_ANSWERS["IgnoresFrozen"], part)
+        grade(ex.number, _ANSWERS["IgnoresFrozen"], part)
     with pytest.raises(GradingFailure, match=r"backward: on 2 ranks, float64: rank 0's w1, which holds "
                                              r"fc1\.weight\[0:6, :\], has a gradient after backward, but fc1\.weight "
                                              r"was given frozen \(requires_grad=False\).*"
                                              r"requires_grad=fc1\.weight\.requires_grad"):
-        ex.grade(_ANSWERS["IgnoresFrozen"], "backward")
+        grade(ex.number, _ANSWERS["IgnoresFrozen"], "backward")
 
 
 @pytest.mark.parametrize("answer, part, says", [
@@ -399,7 +400,7 @@ def test_10_1_names_the_usual_mistakes(factory, answer, part, says):
     """Do fc2's bias added before the sum, fc1 split along its input features and a g whose backward sums again each
     lose their part, with the mistake named?"""
     with pytest.raises(GradingFailure, match=re.escape(says)):
-        exercise("10.1").grade(_ANSWERS[answer], part)
+        grade("10.1", _ANSWERS[answer], part)
 
 
 def test_10_2_a_zero_grad_on_every_parameter_gives_frozen_and_unused_ones_a_gradient(factory):
@@ -411,16 +412,16 @@ def test_10_2_a_zero_grad_on_every_parameter_gives_frozen_and_unused_ones_a_grad
     with pytest.raises(GradingFailure, match=r"gradients: with 3 stages and 4 micro-batches: stage 0's layer bias was "
                                              r"given frozen \(requires_grad=False\), yet after your step its \.grad is a "
                                              r"tensor.*`if p\.grad is not None`"):
-        ex.grade(_ANSWERS["zeroes_every_gradient_first"], "gradients")
+        grade(ex.number, _ANSWERS["zeroes_every_gradient_first"], "gradients")
     for part in ("messages", "bubble"):
-        ex.grade(_ANSWERS["zeroes_every_gradient_first"], part)
+        grade(ex.number, _ANSWERS["zeroes_every_gradient_first"], part)
 
 
 def test_10_2_no_hang_pays_only_a_step_that_ran(factory):
     """Does a gpipe_step that returns at once (it cannot hang: it does nothing) lose no_hang, saying what a step runs?"""
     with pytest.raises(GradingFailure, match=r"no_hang: with 2 stages and 8 micro-batches, stage 0 ran forward for "
                                              r"micro-batches \[\]; every stage runs each of the 8 micro-batches"):
-        exercise("10.2").grade(_ANSWERS["does_nothing"], "no_hang")
+        grade("10.2", _ANSWERS["does_nothing"], "no_hang")
 
 
 def test_10_3_pays_only_the_1f1b_order(factory):
@@ -432,13 +433,13 @@ def test_10_3_pays_only_the_1f1b_order(factory):
     with pytest.raises(GradingFailure, match=r"(?s)gradients: with 2 stages and 4 micro-batches, stage 0 ran F0 B0 F1 B1 "
                                              r"F2 B2 F3 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 there: p - s - 1 = 1 warm-up "
                                              r"forward,.*the pipeline never fills"):
-        ex.grade(fn, "gradients")
+        grade(ex.number, fn, "gradients")
     with pytest.raises(GradingFailure, match=r"memory: with 2 stages and 4 micro-batches, stage 0 never held more than "
                                              r"1 micro-batch's activations at once; 1F1B first fills the pipeline"):
-        ex.grade(fn, "memory")
+        grade(ex.number, fn, "memory")
     with pytest.raises(GradingFailure, match=r"bubble: with 2 stages and 4 micro-batches: .*your 1F1B step takes 24 units "
                                              r"and the bubble is 1/2"):
-        ex.grade(fn, "bubble")
+        grade(ex.number, fn, "bubble")
 
 
 def test_10_3_self_check_passes_1f1b_written_backward_first_and_10_4_keeps_frozen_gradients_none(factory):
@@ -448,4 +449,4 @@ def test_10_3_self_check_passes_1f1b_written_backward_first_and_10_4_keeps_froze
     exercise("10.3").self_check(_ANSWERS["backward_first_1f1b"])
     with pytest.raises(GradingFailure, match=r"gradients: with 2 stages and 4 micro-batches: rank 0's chunk 0 \(layer 0 "
                                              r"of 4\) bias was given frozen"):
-        exercise("10.4").grade(_ANSWERS["zeroes_every_gradient_first"], "gradients")
+        grade("10.4", _ANSWERS["zeroes_every_gradient_first"], "gradients")

@@ -1,6 +1,6 @@
 """Exercises 11.1-11.3's checks against right answers written other ways and against the usual wrong ones.
 
-Each test grades a part the way a hidden test cell does (``exercise("11.1").grade(...)``) on
+Each test grades a part the way a hidden test cell does (``grade("11.1", ...)``) on
 fresh gloo ranks, and reads the feedback a learner would read: every hole a graded answer could
 slip through (holding every key, a collective, a merge that forgets to rescale, a mask built
 from the wrong positions, a schedule that deadlocks, computing what the mask hides) is closed
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from autograder import exercise
-from autograder.lessons.harness import GradingFailure
+from autograder.kit.harness import GradingFailure
+from autograder.hidden import grade
 
 # The answers, defined outside this module so that the ranks receive them by value (cloudpickle).
 _SOURCE = '''
@@ -21,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from autograder.lessons.reference_attention import block_attention, merge_blocks
+from autograder.answers.lesson11 import block_attention, merge_blocks
 
 
 def _block(q, k, v, mask=None):
@@ -255,7 +256,7 @@ def zigzag_contiguous_mask(q, k, v):
 
 def zigzag_uneven(q, k, v):
     """The instructor's zig-zag, plus one more block of scores on rank 0 only: right values, uneven work."""
-    from autograder.lessons.reference_attention import zigzag_attention
+    from autograder.answers.lesson11 import zigzag_attention
 
     if dist.get_rank() == 0:
         q @ k.transpose(-1, -2)
@@ -264,7 +265,7 @@ def zigzag_uneven(q, k, v):
 
 def ulysses_twice(q, k, v, causal=False):
     """The instructor's Ulysses, then the output exchanged a second time for nothing: right values, 4 blocks too many."""
-    from autograder.lessons.reference_attention import ulysses_attention
+    from autograder.answers.lesson11 import ulysses_attention
 
     out = ulysses_attention(q, k, v, causal)
     dist.all_to_all_single(torch.empty_like(out), out.contiguous())
@@ -446,7 +447,7 @@ def test_11_1_gives_full_marks_to_k_and_v_as_two_messages_or_batched(factory, an
     n x s boolean tensor, sliced per block (fewer bytes than a block of scores)?"""
     ex = exercise("11.1")
     for part in ("correct", "ring", "memory"):
-        ex.grade(_ANSWERS[answer], part)
+        grade(ex.number, _ANSWERS[answer], part)
 
 
 def test_11_1_refuses_all_gather_with_the_exercises_reason(factory):
@@ -454,7 +455,7 @@ def test_11_1_refuses_all_gather_with_the_exercises_reason(factory):
     ex = exercise("11.1")
     with pytest.raises(GradingFailure, match=r"ring: rank \d called a built-in collective.*all_gather is switched off "
                                              r"here") as info:
-        ex.grade(_ANSWERS["gathers_with_all_gather"], "ring")
+        grade(ex.number, _ANSWERS["gathers_with_all_gather"], "ring")
     assert ex.forbid_reason in str(info.value)
 
 
@@ -462,12 +463,12 @@ def test_11_1_memory_fails_an_answer_that_holds_every_key(factory):
     """Does an answer with right values and ring traffic that concatenates every rank's keys pass correct and ring
     but fail memory, naming the tensor and saying that it holds every rank's keys?"""
     ex = exercise("11.1")
-    ex.grade(_ANSWERS["holds_every_key"], "correct")
-    ex.grade(_ANSWERS["holds_every_key"], "ring")
+    grade(ex.number, _ANSWERS["holds_every_key"], "correct")
+    grade(ex.number, _ANSWERS["holds_every_key"], "ring")
     with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(192 "
                                              r"numbers, by aten\.cat\.default\); the most a step needs is 128.*every "
                                              r"rank's keys or values at once"):
-        ex.grade(_ANSWERS["holds_every_key"], "memory")
+        grade(ex.number, _ANSWERS["holds_every_key"], "memory")
 
 
 def test_11_1_memory_fails_an_answer_that_switches_the_recorder_off(factory):
@@ -475,7 +476,7 @@ def test_11_1_memory_fails_an_answer_that_switches_the_recorder_off(factory):
     recorder then sees fewer scores than every query against every key takes?"""
     with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, not causal, float64, rank 0: the recorder saw 0 "
                                              r"scores computed, fewer than the 384"):
-        exercise("11.1").grade(_ANSWERS["hides_from_the_recorder"], "memory")
+        grade("11.1", _ANSWERS["hides_from_the_recorder"], "memory")
 
 
 def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
@@ -483,21 +484,21 @@ def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
     exp(m_old - m_new)) in the feedback?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*differs from one process's full attention.*"
                                              r"merging the blocks without rescaling.*exp\(m_old - m_new\)"):
-        exercise("11.1").grade(_ANSWERS["ring_no_rescale"], "correct")
+        grade("11.1", _ANSWERS["ring_no_rescale"], "correct")
 
 
 def test_11_1_names_a_division_before_the_last_block(factory):
     """Does an answer that divides by the running sum at every step fail correct, saying to divide once at the end?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*dividing by the running sum at every step.*"
                                              r"divide by the sum l once, after the last block"):
-        exercise("11.1").grade(_ANSWERS["ring_divides_each_step"], "correct")
+        grade("11.1", _ANSWERS["ring_divides_each_step"], "correct")
 
 
 def test_11_1_names_an_output_never_divided(factory):
     """Does an answer that returns the merged o without dividing by l fail correct already on 1 rank, saying to
     return o / l?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 1 rank, .*never divided by their sum.*return o / l"):
-        exercise("11.1").grade(_ANSWERS["ring_never_divides"], "correct")
+        grade("11.1", _ANSWERS["ring_never_divides"], "correct")
 
 
 def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):
@@ -505,7 +506,7 @@ def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):
     3 ranks, saying that K and V must come from the same rank, sent in the same step?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 3 ranks, .*the K and V you compute with at each step "
                                              r"must come from the same rank, sent in the same step"):
-        exercise("11.1").grade(_ANSWERS["ring_kv_apart"], "correct")
+        grade("11.1", _ANSWERS["ring_kv_apart"], "correct")
 
 
 def test_11_1_names_a_causal_mask_from_global_query_positions(factory):
@@ -514,16 +515,16 @@ def test_11_1_names_a_causal_mask_from_global_query_positions(factory):
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, float64, rank 1: .*compares the "
                                              r"query's position in the whole sequence with the key's position inside "
                                              r"its block"):
-        exercise("11.1").grade(_ANSWERS["ring_global_query_mask"], "correct")
+        grade("11.1", _ANSWERS["ring_global_query_mask"], "correct")
 
 
 def test_11_1_counts_a_block_passed_on_once_too_often(factory):
     """Does a ring that sends p blocks instead of p - 1 (right values) fail the ring part, with the counts?"""
     ex = exercise("11.1")
-    ex.grade(_ANSWERS["ring_one_send_too_many"], "correct")
+    grade(ex.number, _ANSWERS["ring_one_send_too_many"], "correct")
     with pytest.raises(GradingFailure, match=r"ring: on 2 ranks, not causal, float64, rank \d sent \d+ bytes and "
                                              r"received \d+ in 2 messages: 1.5 key/value blocks.*p - 1 = 1 block of keys"):
-        exercise("11.1").grade(_ANSWERS["ring_one_send_too_many"], "ring")
+        grade("11.1", _ANSWERS["ring_one_send_too_many"], "ring")
 
 
 def test_11_1_no_hang_ends_a_deadlocked_ring_promptly_with_the_fix(factory):
@@ -533,7 +534,7 @@ def test_11_1_no_hang_ends_a_deadlocked_ring_promptly_with_the_fix(factory):
 
     start = time.monotonic()
     with pytest.raises(GradingFailure, match=r"(?s)no_hang: .*dist\.isend to the right and dist\.irecv from the left"):
-        exercise("11.1").grade(_ANSWERS["ring_blocking"], "no_hang")
+        grade("11.1", _ANSWERS["ring_blocking"], "no_hang")
     assert time.monotonic() - start < 20
 
 
@@ -541,17 +542,17 @@ def test_11_2_balanced_fails_an_answer_that_masks_instead_of_skipping(factory):
     """Does a zig-zag answer with right values that computes every block whole and masks it fail balanced, quoting
     the most scores a rank may compute and how many it did?"""
     ex = exercise("11.2")
-    ex.grade(_ANSWERS["zigzag_unskipped"], "correct")
+    grade(ex.number, _ANSWERS["zigzag_unskipped"], "correct")
     with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, each rank computed 144 scores; skipping what the "
                                              r"causal mask hides leaves at most 108 \(144 without skipping\)"):
-        ex.grade(_ANSWERS["zigzag_unskipped"], "balanced")
+        grade(ex.number, _ANSWERS["zigzag_unskipped"], "balanced")
 
 
 def test_11_2_names_the_contiguous_layouts_mask(factory):
     """Does 11.1's causal ring run on the zig-zag layout fail correct, naming the layout's positions?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, .*mask of Exercise 11\.1's contiguous "
                                              r"layout.*zigzag_positions"):
-        exercise("11.2").grade(_ANSWERS["zigzag_contiguous_mask"], "correct")
+        grade("11.2", _ANSWERS["zigzag_contiguous_mask"], "correct")
 
 
 def test_11_2_balanced_names_uneven_work(factory):
@@ -559,17 +560,17 @@ def test_11_2_balanced_names_uneven_work(factory):
     listing each rank's count?"""
     with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, the ranks computed \[180, 108\] scores: the "
                                              r"zig-zag split gives every rank the same causal work"):
-        exercise("11.2").grade(_ANSWERS["zigzag_uneven"], "balanced")
+        grade("11.2", _ANSWERS["zigzag_uneven"], "balanced")
 
 
 def test_11_3_exchange_counts_the_bytes_through_all_to_all(factory):
     """Does a Ulysses answer with right values that exchanges its output twice more lose the exchange part, with the
     bytes it moved and the 4 blocks it should?"""
     ex = exercise("11.3")
-    ex.grade(_ANSWERS["ulysses_twice"], "correct")
+    grade(ex.number, _ANSWERS["ulysses_twice"], "correct")
     with pytest.raises(GradingFailure, match=r"exchange: on 2 ranks, not causal, float64, rank 0 passed 3456 bytes "
                                              r"through all_to_all; .*4 x 576 = 2304 bytes per rank"):
-        ex.grade(_ANSWERS["ulysses_twice"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_twice"], "exchange")
 
 
 def test_11_3_list_form_all_to_all_earns_full_marks_or_is_told_to_use_all_to_all_single(factory):
@@ -577,12 +578,12 @@ def test_11_3_list_form_all_to_all_earns_full_marks_or_is_told_to_use_all_to_all
     (torch 2.4: "Backend gloo does not support alltoall"), does the learner read that all_to_all_single runs?"""
     ex = exercise("11.3")
     try:
-        ex.grade(_ANSWERS["ulysses_list"], "correct")
+        grade(ex.number, _ANSWERS["ulysses_list"], "correct")
     except GradingFailure as failure:
         assert "does not support alltoall" in str(failure) and "use dist.all_to_all_single(output, input)" in str(failure)
         assert "fault in the course's grading code" not in str(failure)
     else:
-        ex.grade(_ANSWERS["ulysses_list"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_list"], "exchange")
 
 
 def test_11_3_refuses_all_gather(factory):
@@ -590,7 +591,7 @@ def test_11_3_refuses_all_gather(factory):
     ex = exercise("11.3")
     with pytest.raises(GradingFailure, match=r"exchange: rank \d called a built-in collective.*all_gather is switched "
                                              r"off here") as info:
-        ex.grade(_ANSWERS["ulysses_gathers"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_gathers"], "exchange")
     assert ex.forbid_reason in str(info.value)
 
 
@@ -603,14 +604,14 @@ def test_11_1_memory_fails_a_list_of_received_blocks_merged_after_the_ring(facto
     with pytest.raises(GradingFailure, match=r"memory: not causal, float64: the tensors your function created and still "
                                              r"held at one moment took up to [\d,]+ bytes on 4 ranks and [\d,]+ on 3: "
                                              r"1,024 bytes more for 1 rank more.*a list of the received blocks"):
-        ex.grade(answer, "memory")
+        grade(ex.number, answer, "memory")
 
 
 def test_11_1_memory_counts_numbers_so_float64_scores_of_float32_inputs_pass(factory):
     """Does a ring that computes its scores in float64 whatever its inputs (blocks merged through their log-sum-exp,
     K and V as two messages) earn the memory part, its float64 block of scores for float32 inputs being as many
     numbers as the limit allows? (Every part, through the grade command: tests/test_grading_e2e_11.py.)"""
-    exercise("11.1").grade(_ANSWERS["lse_merge_in_float64"], "memory")
+    grade("11.1", _ANSWERS["lse_merge_in_float64"], "memory")
 
 
 def test_11_1_float32_tolerance_admits_every_right_merge_and_no_usual_mistake():
@@ -679,7 +680,7 @@ def test_11_1_no_hang_pays_only_a_ring_that_passed_its_blocks(factory):
     pays for?"""
     with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks, rank 0 finished, but sent 0 bytes to rank 1 and "
                                              r"received 0 from rank 1; a ring attention passes p - 1 = 1 block"):
-        exercise("11.1").grade(_ANSWERS["returns_q"], "no_hang")
+        grade("11.1", _ANSWERS["returns_q"], "no_hang")
 
 
 def test_11_2_balanced_pays_only_the_rings_work_done_evenly(factory):
@@ -690,13 +691,13 @@ def test_11_2_balanced_pays_only_the_rings_work_done_evenly(factory):
     ex = exercise("11.2")
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, float64, rank 0: .*own keys and values "
                                              r"alone"):
-        ex.grade(_ANSWERS["zigzag_alone"], "correct")
+        grade(ex.number, _ANSWERS["zigzag_alone"], "correct")
     with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, each rank computed 72 scores, fewer than the 78 its "
                                              r"queries see through the causal mask"):
-        ex.grade(_ANSWERS["zigzag_alone"], "balanced")
+        grade(ex.number, _ANSWERS["zigzag_alone"], "balanced")
     with pytest.raises(GradingFailure, match=r"balanced: on 3 ranks, causal, float64, rank 0 sent to rank 2; in a ring "
                                              r"each rank sends only to its right neighbour"):
-        ex.grade(_ANSWERS["zigzag_straight_to_every_rank"], "balanced")
+        grade(ex.number, _ANSWERS["zigzag_straight_to_every_rank"], "balanced")
     ex.self_check(_ANSWERS["zigzag_three_diagonal_products"])
 
 

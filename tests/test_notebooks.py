@@ -241,7 +241,7 @@ def test_learner_notebook_has_no_solutions_or_hidden_tests(lesson):
 
 def test_course_is_in_sync_with_solutions():
     """Is every course/ notebook exactly what `make course` builds from solutions/ now?"""
-    from autograder.course.build import stale_lessons
+    from autograder.notebooks.generate import stale_lessons
 
     assert stale_lessons() == [], "course/ is out of date: run `make course` and commit course/"
 
@@ -258,16 +258,16 @@ def test_lesson_00_lists_every_lesson_on_the_road_ahead():
 @pytest.mark.slow
 def test_a_failing_self_check_reads_as_exercise_part_and_message_in_a_kernel(tmp_path):
     """In a real kernel, does a failing self-check show 'GradingFailure: Exercise 5.1, part "self-check": ...' with the
-    fix, and none of the checks' frames (kit.py, lesson05.py), while a fault of the course (CheckError) keeps its
+    fix, and none of the checks' frames (exercise.py, lesson05.py), while a fault of the course (CheckError) keeps its
     traceback for the instructor?"""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
         "import torch, torch.distributed as dist\nfrom autograder import exercise",
         "def average_gradients(model):\n    for p in model.parameters():\n        if p.grad is not None:\n"
         "            dist.all_reduce(p.grad)          # the sum, never divided",
         'exercise("5.1").self_check(average_gradients)',
-        "from autograder.lessons.kit import Exercise, Part\n"
-        "broken = Exercise(number=\"9.9\", function=\"f\", title=\"t\", parts=(Part(\"p\", 1, \"p.\", lambda a: {}[\"key\"]),))\n"
-        "broken.grade(print, \"p\")",
+        "from autograder.kit.exercise import Exercise, Part\n"
+        "broken = Exercise(number=\"9.9\", function=\"f\", title=\"t\", parts=(Part(\"p\", 1, \"p.\"),))\n"
+        "broken.grade(print, \"p\", lambda a: {}[\"key\"])",
     )])
     NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(ROOT)}}).execute()
@@ -275,7 +275,7 @@ def test_a_failing_self_check_reads_as_exercise_part_and_message_in_a_kernel(tmp
     shown = "\n".join(failure.traceback)
     assert failure.ename == "GradingFailure"
     assert re.search(r'GradingFailure.*: Exercise 5\.1, part "self-check": on 2 ranks.*Did you divide by the world size\?', shown), shown
-    assert not [name for name in ("kit.py", "lesson05.py", "gradcheck.py", "harness.py", "Traceback") if name in shown], shown
+    assert not [name for name in ("exercise.py", "lesson05.py", "gradcheck.py", "harness.py", "Traceback") if name in shown], shown
     [fault] = [o for o in nb.cells[3].outputs if o.output_type == "error"]
     assert fault.ename == "CheckError" and "the course's check itself failed (KeyError" in fault.evalue
-    assert "kit.py" in "\n".join(fault.traceback)  # the whole traceback, for the instructor
+    assert "exercise.py" in "\n".join(fault.traceback)  # the whole traceback, for the instructor

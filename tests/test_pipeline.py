@@ -89,7 +89,7 @@ def test_lanes_show_each_unit_and_the_idle_ones():
 def _pipeline_rank(rank, world_size, schedule_name, m):
     import torch
 
-    from autograder.lessons import reference
+    from autograder.answers import lesson10 as reference
     from helpers.pipeline import Stage
 
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def test_a_stage_with_frozen_and_unused_parameters_leaves_their_grad_none():
 def _chunked_rank(rank, world_size, m):
     import torch
 
-    from autograder.lessons.reference import interleaved_step
+    from autograder.answers.lesson10 import interleaved_step
     from helpers.pipeline import Stage
 
     torch.manual_seed(0)

@@ -30,9 +30,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.course import colab
+from autograder.notebooks import colab
 from autograder.site import execute, leaks
-from autograder.site.build import build
+from autograder.site.website import build
 from autograder.site.pages import figure_alt, tainted_cells
 from conftest import ROOT, suite_run_id
 

@@ -16,9 +16,10 @@
   (:mod:`~autograder.grading.merge`).
 - :mod:`~autograder.grading.sandbox`: the bubblewrap sandbox the learner's code runs in.
 - :mod:`~autograder.grading.clean`: every graded part decided again in a fresh process that
-  holds only the learner's definitions.
+  holds only the learner's definitions (read as :mod:`autograder.learner.definitions` reads them),
+  with the hidden checks of :mod:`autograder.hidden`.
 - :mod:`~autograder.grading.summary`: the class summary (CSV and HTML).
 
-Modules here may use :mod:`autograder.lessons` and :mod:`autograder.course`; neither of
-those imports anything from here.
+Modules here may use :mod:`autograder.kit`, :mod:`autograder.lessons`, :mod:`autograder.hidden`,
+:mod:`autograder.learner` and :mod:`autograder.notebooks`; none of those imports anything from here.
 """

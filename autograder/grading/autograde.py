@@ -159,8 +159,8 @@ def _api(job: Job, kernel_stderr: str) -> Any:
     """nbgrader's API over the job's folder, set up to autograde: the kernel in the sandbox (its spec in
     ``jupyter/``, found first while :func:`_kernel_specs_first`), over Unix sockets, its error output to
     ``kernel_stderr``."""
-    from ..course.build import nbgrader_api
-    from ..lessons.kit import CLEAN_RUN_DECIDES
+    from ..notebooks.generate import nbgrader_api
+    from ..kit.exercise import CLEAN_RUN_DECIDES
     from .sandbox import kernel_spec
 
     env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", **warm_up(job.task.lesson, clean=False)}

@@ -76,7 +76,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..course.build import build, lessons, nbgrader_api, tool_env
+from ..notebooks.generate import build, lessons, nbgrader_api, tool_env
 from ..paths import ROOT
 from .intake import collect
 from .submission import quiet_gradebook

@@ -33,7 +33,7 @@ KINDS = ("autograded", "feedback")
 
 def feedback(job: Job) -> None:
     """*feedback*: nbgrader's page for the learner; then what grading made goes into the record, which is done."""
-    from ..course.build import nbgrader_api
+    from ..notebooks.generate import nbgrader_api
 
     task, started, graded = job.task, time.monotonic(), job.graded
     made = nbgrader_api(job.folder).generate_feedback(task.lesson, task.student, force=True)

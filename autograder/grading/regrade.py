@@ -38,7 +38,7 @@ def start(job: Job, notebook: Any) -> None:
     """Start the clean re-grade of ``notebook`` (the restored one, before it runs) in the background."""
     import nbformat
 
-    from ..course.cells import lesson_number
+    from ..notebooks.cells import lesson_number
 
     copy = job.clean_folder / "submission.ipynb"
     nbformat.write(notebook, copy)

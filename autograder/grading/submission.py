@@ -23,7 +23,7 @@ returned (:func:`grade_submission` is this list):
    grading sandbox (:mod:`autograder.grading.sandbox`). What this process learns from inside
    nbgrader travels in a :class:`~autograder.grading.autograde.Watch` that nbgrader's own
    ``resources`` carry through its preprocessors. Hidden test cells run no check there
-   (:func:`autograder.lessons.kit.decided_by_clean_run`): a learner's kernel can be made to say
+   (:func:`autograder.kit.exercise.decided_by_clean_run`): a learner's kernel can be made to say
    anything, so its verdict would not count anyway;
 3. **clean re-grade** (:func:`~autograder.grading.regrade.regrade`; :mod:`autograder.grading.clean`,
    sandboxed too): every graded part is decided in a fresh process that holds only the learner's
@@ -84,7 +84,7 @@ def warm_up() -> None:
     import nbgrader.converters  # noqa: F401
     from nbconvert.exporters import HTMLExporter  # noqa: F401
 
-    from ..course import cells, preprocessors  # noqa: F401
+    from ..notebooks import cells, preprocessors  # noqa: F401
 
 
 def quiet_gradebook() -> None:

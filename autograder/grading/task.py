@@ -67,10 +67,10 @@ def lesson_files(course: Path, lesson: str, template: Path) -> Files:
     nbgrader's configuration; where it puts them, the lesson's instructor folder (nbgrader reads
     the graded cells from the gradebook, restores files from it, and the verdicts name the parts
     from it) and its released notebook (deleted graded cells are put back from it:
-    :class:`autograder.course.preprocessors.RestoreMissingCells`); and ``autograder/gradebook.db``:
+    :class:`autograder.notebooks.preprocessors.RestoreMissingCells`); and ``autograder/gradebook.db``:
     a gradebook that knows every lesson and no submission.
     """
-    from ..course.build import course_directory
+    from ..notebooks.generate import course_directory
 
     coursedir = course_directory(course)
 

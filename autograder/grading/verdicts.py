@@ -68,7 +68,7 @@ def cell_times(nb: Any) -> dict[str, Any]:
     The imports cell is the first code cell that imports something, past the Colab set-up
     cell (which does nothing outside Colab).
     """
-    from ..course.colab import SETUP_ID
+    from ..notebooks.colab import SETUP_ID
 
     timed = []
     for index, cell in enumerate(nb.cells):
@@ -91,7 +91,7 @@ def verdict_outputs(cell: Any, result: dict[str, Any], left_out: list[str], fold
     """What a graded cell shows: the lines the kernel printed (not the placeholder), then the verdict."""
     import nbformat
 
-    from ..lessons.kit import DEFERRED
+    from ..kit.exercise import DEFERRED
 
     kept = []
     for output in cell.get("outputs", []):
@@ -164,7 +164,7 @@ def _settle(job: Job, results: list[dict[str, Any]], left_out: list[str], stoppe
     import nbformat
     from nbgrader.api import Gradebook
 
-    from ..course.cells import graded_cells
+    from ..notebooks.cells import graded_cells
 
     task = job.task
     cells = {c.grade_id: c for c in graded_cells(job.solution)}

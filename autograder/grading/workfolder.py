@@ -38,11 +38,11 @@ def warm_up(lesson: str, clean: bool) -> dict[str, str]:
     """``HELPERS_WARM_UP`` for the rank factory of a kernel (``clean`` False) or of the clean re-grade
     of ``lesson`` (the sandbox passes ``HELPERS_*`` on): ahead ("now") for the clean re-grade and when
     idle (the default) for the kernel where its ranks import ``torch._dynamo``, never ("off") where
-    they do not: about a second of CPU saved per process (:func:`autograder.lessons.registry.warm_ranks`;
+    they do not: about a second of CPU saved per process (:func:`autograder.kit.registry.warm_ranks`;
     without it lesson 05's clean checks took 10.3 s instead of 4.2 s). The clean re-grade's factory is a
     fork of it, made first thing (:mod:`autograder.grading.clean`)."""
-    from ..course.cells import lesson_number
-    from ..lessons.registry import warm_ranks
+    from ..notebooks.cells import lesson_number
+    from ..kit.registry import warm_ranks
 
     if not warm_ranks(lesson_number(Path(f"{lesson}.ipynb")), "checks" if clean else "kernel"):
         return {"HELPERS_WARM_UP": "off"}

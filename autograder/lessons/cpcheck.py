@@ -10,7 +10,7 @@ takes the same blocks as 11.1 and trades them for whole heads with ``all_to_all`
 
 - :func:`attention_worker` (on the ranks): draws q, k and v for the whole sequence from a seed
   drawn at grading time, gives this rank its blocks, and runs the learner's function under two
-  recorders: the rank's ``torch.distributed`` calls (:func:`autograder.lessons.pieces.recorded`)
+  recorders: the rank's ``torch.distributed`` calls (:func:`autograder.kit.pieces.recorded`)
   and :class:`TensorRecorder`, a ``TorchDispatchMode`` that notes the largest tensor any torch
   operation created, the most bytes the answer's tensors held at once and how many attention
   scores were computed. It returns, per case, the verdict against one process's full attention
@@ -41,8 +41,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .cpdata import MISTAKES, SHAPES, TensorRecorder, full_attention, layout, memory_limit, mistakes, tolerance
-from .kit import Attempt
-from .pieces import plural, recorded
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural, recorded
 
 __all__ = ["attention_worker", "judge_correct", "judge_ring", "judge_memory", "judge_balanced", "judge_exchange",
            "balanced_limit", "visible_scores"]

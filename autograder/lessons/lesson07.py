@@ -9,8 +9,8 @@ set up the process group from the environment, shard the course's dataset with
 save at a barrier (checked: a barrier of each process returns after the save) and destroys its
 process group before it returns.
 
-How the checks judge: :meth:`~autograder.lessons.kit.Attempt.torchrun` runs the learner's
-``main`` as a script under real ``torchrun`` agents (:mod:`autograder.lessons.torchrun`),
+How the checks judge: :meth:`~autograder.kit.exercise.Attempt.torchrun` runs the learner's
+``main`` as a script under real ``torchrun`` agents (:mod:`autograder.kit.torchrun`),
 with the course's ``make_model``, ``make_dataset`` and constants in place of the notebook's,
 so the data cannot differ: two agents of two processes each (two simulated hosts), and one
 agent of three. Each process records every ``torch.save``, whether its process group was
@@ -22,7 +22,8 @@ it was; a failed job's feedback is the first failing process's own account.
 Hidden test cells and the visible self-check::
 
     from autograder import exercise
-    exercise("7.1").grade(main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("7.1", main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
     exercise("7.1").self_check(main)      # two agents of one process each
 """
 
@@ -30,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kit import Attempt, Exercise, Part
-from .pieces import plural
-from .torchrun import ScriptRun
+from ..kit.exercise import Attempt, Exercise, Part
+from ..kit.pieces import plural
+from ..kit.torchrun import ScriptRun
 
 __all__ = ["EXERCISES", "exercise_7_1", "make_model", "make_dataset", "COURSE"]
 
@@ -137,14 +138,6 @@ def _judge_result(attempt: Attempt, run: ScriptRun) -> None:
                      f"whole dataset is {loss:.6f}.")
 
 
-def _runs_part(attempt: Attempt) -> None:
-    _job(attempt, 2, 2)
-
-
-def _same_result(attempt: Attempt) -> None:
-    _judge_result(attempt, _job(attempt, 2, 2))
-
-
 def _rank_zero_only(attempt: Attempt, run: ScriptRun | None = None) -> None:
     run = run or _job(attempt, 2, 2)
     writers = [s["rank"] for s in run.saves]
@@ -177,12 +170,6 @@ def _clean_exit(attempt: Attempt, run: ScriptRun | None = None) -> None:
         attempt.fail(f"under {run.where}, only {len(run.exits)} of {run.world_size} processes exited normally.")
 
 
-def _any_topology(attempt: Attempt) -> None:
-    run = _job(attempt, 1, 3)
-    _judge_result(attempt, run)
-    _rank_zero_only(attempt, run)
-
-
 def _self_check(attempt: Attempt) -> str:
     # Two simulated hosts of one process each: LOCAL_RANK is 0 on both, so a LOCAL_RANK used as the global rank shows.
     run = _job(attempt, 2, 1)
@@ -200,13 +187,12 @@ exercise_7_1 = Exercise(
     function="main",
     title="a launcher-ready training script",
     parts=(
-        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0.", _runs_part),
-        Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches.",
-             _same_result),
-        Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss.", _rank_zero_only),
+        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0."),
+        Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches."),
+        Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss."),
         Part("clean_exit", 1, "every process waits at a barrier for rank 0's checkpoint, then destroys its process "
-             "group before exiting.", _clean_exit),
-        Part("any_topology", 2, "one agent of three processes: right result, one writer.", _any_topology),
+             "group before exiting."),
+        Part("any_topology", 2, "one agent of three processes: right result, one writer."),
     ),
     visible_check=_self_check,
 )

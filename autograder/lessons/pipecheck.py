@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .kit import Attempt
-from .pieces import plural
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural
 
 __all__ = ["WIDTH", "ROWS", "pipeline_worker", "judge_gradients", "judge_messages", "judge_bubble", "judge_memory",
            "judge_chunk_gradients", "judge_interleaved_bubble", "judge_finished", "one_f_one_b_order", "TOLERANCE",

@@ -30,8 +30,8 @@ Example (what one rank's parameters take on 2 ranks: half of each weight and of 
 
 from __future__ import annotations
 
-from .kit import Attempt
-from .pieces import plural
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural
 from .tpdata import ITEM, SIZES, TOLERANCE, describe, identify, mlp_worker, select
 
 __all__ = ["SIZES", "mlp_worker", "identify", "describe", "judge_forward", "judge_backward", "judge_communication",

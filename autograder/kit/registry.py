@@ -1,7 +1,8 @@
 """Finding an exercise by its number: ``exercise("4.4")`` in ``autograder/lessons/lesson04.py``.
 
-Every ``lessonNN.py`` of this package declares its exercises in a tuple ``EXERCISES``; nothing
-else registers them, so a new lesson adds its module (and its notebook) and nothing else.
+Every ``lessonNN.py`` of :mod:`autograder.lessons` declares its exercises in a tuple ``EXERCISES``;
+nothing else registers them, so a new lesson adds its module there (its hidden checks in
+``autograder/hidden/lessonNN.py``, its notebook in ``solutions/``) and nothing else.
 Notebook cells reach an exercise through ``from autograder import exercise``.
 
 >>> [e.number for e in exercises(3)]
@@ -13,24 +14,24 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-import sys
 
-from .kit import NUMBER, Exercise
+from .exercise import NUMBER, Exercise
 
 __all__ = ["exercise", "exercises", "warm_ranks"]
 
 _LESSON_MODULE = re.compile(r"lesson(\d{2})$")
+EXERCISES_PACKAGE = "autograder.lessons"  # where every lesson's declarations live
 
 
 def _lesson_modules() -> dict[int, str]:
     """Lesson number -> module name, for every ``autograder/lessons/lessonNN.py``."""
-    # The package's search path, read where Python keeps it (no import of the package from
-    # inside it: a folder added to autograder.__path__ is searched too).
+    # The package's search path as Python keeps it: a folder added to its __path__ is searched too.
+    package = importlib.import_module(EXERCISES_PACKAGE)
     found = {}
-    for info in pkgutil.iter_modules(sys.modules[__package__].__path__):
+    for info in pkgutil.iter_modules(package.__path__):
         match = _LESSON_MODULE.match(info.name)
         if match:
-            found[int(match[1])] = f"{__package__}.{info.name}"
+            found[int(match[1])] = f"{EXERCISES_PACKAGE}.{info.name}"
     return found
 
 
@@ -38,7 +39,7 @@ def _declared(module_name: str, lesson: int) -> tuple[Exercise, ...]:
     module = importlib.import_module(module_name)
     declared = getattr(module, "EXERCISES", None)
     if not isinstance(declared, tuple) or not all(isinstance(e, Exercise) for e in declared):
-        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.lessons.kit.Exercise")
+        raise TypeError(f"{module_name} must declare EXERCISES, a tuple of autograder.kit.exercise.Exercise")
     for ex in declared:
         if ex.lesson != lesson:
             raise ValueError(f"{module_name} declares {ex.label}, which belongs in lesson {ex.lesson:02d}")

@@ -1,4 +1,4 @@
-"""The build: gather what ships (git's list of the course's files, pruned lesson modules, the
+"""The build: gather what ships (git's list of the course's files and of the shipped packages, the
 learner's project files), check it, write the folder and its ``.tar.gz``; and the command."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..course import colab
+from ..notebooks import colab
 from .checks import check_colab, check_imports, check_no_markup, check_notebook, is_placeholder
 from .project import (GITIGNORE, grading_limits, learner_environment, learner_makefile, learner_nbgrader_config,
                       learner_pyproject, load_toml)
-from .prune import GRADING_DOCSTRING, INIT_DOCSTRING, prune_lesson, with_docstring
 from .readme import learner_readme
 from ..paths import ROOT
-from .rules import DEFAULT_DIR, JUNK, KEPT_MODULES, LESSON, ReleaseError
+from .rules import DEFAULT_DIR, JUNK, SHIPPED, ReleaseError
 
 __all__ = ["build", "main"]
 
@@ -53,16 +52,9 @@ def _contents(root: Path, name: str, repository: str, allow_placeholder: bool) -
     draft = check_colab({n: p for n, p in files.items() if n.endswith(".ipynb")}, repository, allow_placeholder)
     for rel in _tracked(root, "helpers"):
         files[rel] = root / rel
-    package = root / "autograder"
-    files["autograder/__init__.py"] = with_docstring((package / "__init__.py").read_text(), INIT_DOCSTRING)
-    rewritten = {"grading/__init__": GRADING_DOCSTRING}
-    for module in KEPT_MODULES:
-        source = package / f"{module}.py"
-        files[f"autograder/{module}.py"] = (with_docstring(source.read_text(), rewritten[module])
-                                            if module in rewritten else source)
-    for path in sorted((package / "lessons").glob("lesson*.py")):
-        if LESSON.match(path.stem):
-            files[f"autograder/lessons/{path.name}"] = prune_lesson(path.read_text(), path.stem)
+    for shipped in SHIPPED:  # whole files and packages, as they are: nothing is rewritten
+        for rel in _tracked(root, f"autograder/{shipped}"):
+            files[rel] = root / rel
     main = load_toml(root / "pyproject.toml")
     env_name = re.search(r"^name:\s*(\S+)", (root / "environment.yml").read_text(), re.M)
     env_name = env_name[1] if env_name else "distributed-course"
@@ -113,7 +105,7 @@ def build(dest: Path, root: Path = ROOT, *, repository: str | None = None, allow
     A ``.git`` folder in ``dest`` is kept, so ``dest`` can stay a checkout of the published
     learner repository: build, then commit and push there. Returns ``dest``. Raises
     :class:`ReleaseError` when what would ship is not right, and while ``repository`` (default:
-    ``REPOSITORY`` in :mod:`autograder.course.colab`) is the placeholder, unless
+    ``REPOSITORY`` in :mod:`autograder.notebooks.colab`) is the placeholder, unless
     ``allow_colab_placeholder``: then the release's README warns that the Colab badges do not work.
     """
     dest = Path(dest).absolute()
@@ -167,10 +159,10 @@ def main(argv: list[str]) -> int:
     print(f"Learner course written to {out} ({len(names)} files, {size / 1e6:.1f} MB) and {archive} "
           f"({archive.stat().st_size / 1e6:.1f} MB).")
     if is_placeholder(colab.REPOSITORY):
-        print("Draft: REPOSITORY in autograder/course/colab.py is still the placeholder, so the Colab badges do not "
+        print("Draft: REPOSITORY in autograder/notebooks/colab.py is still the placeholder, so the Colab badges do not "
               "work, and the release's README says so at the top. Set REPOSITORY, run `make course` and build again "
               "before you publish (docs/instructors.md, Publishing the course).", file=sys.stderr)
     else:
-        print("Publish the folder as the learner repository that REPOSITORY in autograder/course/colab.py names (see "
+        print("Publish the folder as the learner repository that REPOSITORY in autograder/notebooks/colab.py names (see "
               "docs/instructors.md, Publishing the course).")
     return 0

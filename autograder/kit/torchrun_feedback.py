@@ -1,6 +1,6 @@
 """What a failed or stopped torchrun job tells the learner: who failed first, how, and where.
 
-Everything here reads the typed records of a :class:`~autograder.lessons.torchrun.ScriptRun`
+Everything here reads the typed records of a :class:`~autograder.kit.torchrun.ScriptRun`
 (exit codes, each failed process's exception, frames and declared options, the stacks of a
 job that was stopped), never the text of a traceback.
 """

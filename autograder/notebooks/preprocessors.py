@@ -30,7 +30,7 @@ SANITIZE = [
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",
-    "autograder.course.preprocessors.RestoreMissingCells",
+    "autograder.notebooks.preprocessors.RestoreMissingCells",
     "nbgrader.preprocessors.OverwriteCells",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
@@ -56,7 +56,7 @@ class NameExerciseStubs(NbGraderPreprocessor):
 class AddColabCells(NbGraderPreprocessor):
     """Start each learner notebook with the "Open in Colab" badge and the Colab set-up cell.
 
-    The cells come from :func:`autograder.course.colab.colab_cells` for the lesson being built;
+    The cells come from :func:`autograder.notebooks.colab.colab_cells` for the lesson being built;
     cells with their ids already in the notebook are replaced, so building twice, or from
     a notebook that carries them, gives them once.
     """

@@ -1,7 +1,7 @@
 """The two cells every learner notebook starts with: an "Open in Colab" badge and the Colab set-up.
 
 ``make course`` puts them at the top of each notebook in ``course/`` (the nbgrader
-preprocessor :class:`autograder.course.preprocessors.AddColabCells` calls :func:`colab_cells`), so
+preprocessor :class:`autograder.notebooks.preprocessors.AddColabCells` calls :func:`colab_cells`), so
 the text lives here once and ``solutions/`` stays free of it.
 
 On Colab the set-up cell clones the course from :data:`REPOSITORY`, installs the helpers
@@ -71,7 +71,7 @@ def colab_url(lesson: str, repository: str = REPOSITORY, branch: str = BRANCH) -
     m = re.match(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$", repository)
     if not m:
         raise ValueError(
-            f"REPOSITORY in autograder/course/colab.py is {repository!r}, which is not a GitHub address "
+            f"REPOSITORY in autograder/notebooks/colab.py is {repository!r}, which is not a GitHub address "
             "(https://github.com/OWNER/NAME): Colab opens notebooks from GitHub only. Set it to "
             "your course's GitHub repository and run `make course` again."
         )

@@ -8,29 +8,34 @@ self-check. Notebook cells only name it::
 
     from autograder import exercise
     exercise("4.4").self_check(ring_allreduce)            # visible self-check
-    exercise("4.4").grade(ring_allreduce, "correct")      # hidden test of one part
+
+The check of each graded part is not here: it is the instructor's, in
+``autograder/hidden/lessonNN.py``, and a hidden test cell runs one part with
+``grade("4.4", ring_allreduce, "correct")`` from :mod:`autograder.hidden`, which hands that
+check to :meth:`Exercise.grade`. What learners get (this package, the declarations, the
+self-checks) therefore holds no hidden check, and needs nothing removed to ship.
 
 :func:`exercise` finds ``"4.4"`` in ``autograder/lessons/lesson04.py``, so a new lesson adds its
 module (and its notebook) and nothing else. ``tests/test_exercises.py`` checks that every
 graded cell of every notebook matches a declared part, with the declared points.
 
-A part's ``check`` receives an :class:`Attempt`: the learner's function (``fn``), a
+A check receives an :class:`Attempt`: the learner's function (``fn``), a
 :meth:`~Attempt.run` that starts fresh ranks with this exercise's switched-off calls,
 and :meth:`~Attempt.fail` for feedback; a check whose answer is a whole script runs it
 under real torchrun agents with :meth:`~Attempt.torchrun` instead. Small pieces checks share
-(seeded tensors, differences, plural words) are in :mod:`autograder.lessons.pieces`.
+(seeded tensors, differences, plural words) are in :mod:`autograder.kit.pieces`.
 
 Example: a whole (tiny) exercise, graded on two ranks::
 
-    >>> from autograder.lessons.pieces import call_learner
+    >>> from autograder.kit.pieces import call_learner
     >>> def answer_check(attempt):
     ...     for world_size in (1, 2):
     ...         values = attempt.run(call_learner, world_size, (attempt.fn,))
     ...         if list(values) != [42] * world_size:
     ...             attempt.fail(f"on {plural(world_size, 'rank')}, got {list(values)} instead of 42 each.")
     >>> answer = Exercise(number="9.1", function="answer", title="the answer",
-    ...                   parts=(Part("correct", 1, "returns 42 on every rank.", answer_check),))
-    >>> answer.grade(lambda rank, world_size: 42, "correct")     # passes silently
+    ...                   parts=(Part("correct", 1, "returns 42 on every rank."),))
+    >>> answer.grade(lambda rank, world_size: 42, "correct", answer_check)     # passes silently
 """
 
 from __future__ import annotations
@@ -57,7 +62,6 @@ __all__ = [
     "CheckError",
     "fresh_seed",
     "SELF_CHECK",
-    "HIDDEN_CHECK",
     "HiddenTestUnavailable",
     "decided_by_clean_run",
     "CLEAN_RUN_DECIDES",
@@ -96,17 +100,17 @@ def decided_by_clean_run() -> bool:
 class Part:
     """One graded part of an exercise: one hidden test cell, worth ``points``.
 
-    ``says`` is the sentence the cell's heading shows (what the hidden test checks);
-    ``check(attempt)`` returns when the answer passes and raises GradingFailure (through
-    ``attempt.fail``) when it does not. ``forbid`` switches more calls off in this part's
-    runs than the exercise does, with ``forbid_reason`` for the learner (for example one
-    method of a class that must be repaired without collectives).
+    ``says`` is the sentence the cell's heading shows (what the hidden test checks). The
+    check itself, ``check(attempt)``, is the instructor's (``autograder/hidden/``): it returns
+    when the answer passes and raises GradingFailure (through ``attempt.fail``) when it does
+    not. ``forbid`` switches more calls off in this part's runs than the exercise does, with
+    ``forbid_reason`` for the learner (for example one method of a class that must be
+    repaired without collectives).
     """
 
     name: str
     points: int
     says: str
-    check: Callable[["Attempt"], None]
     forbid: tuple[str, ...] = ()
     forbid_reason: str = ""
 
@@ -164,7 +168,7 @@ class Exercise:
         """The calls switched off in a run of ``part`` (None: the exercise's own), each with its reason.
 
         >>> ex = Exercise(number="9.1", function="f", title="t", forbid=("all_reduce",), forbid_reason="by hand",
-        ...               parts=(Part("p", 1, "p.", print, forbid=("send",), forbid_reason="no send"),))
+        ...               parts=(Part("p", 1, "p.", forbid=("send",), forbid_reason="no send"),))
         >>> ex.forbidden(), ex.forbidden("p")
         ({'all_reduce': 'by hand'}, {'all_reduce': 'by hand', 'send': 'no send'})
         """
@@ -186,8 +190,12 @@ class Exercise:
         part = self.part(name)
         return f'# Exercise {self.number}, part "{part.name}" ({plural(part.points, "point")}): {part.says}'
 
-    def grade(self, fn: Any, part: str) -> None:
-        """The hidden test of one part: returns when ``fn`` passes, raises GradingFailure when not.
+    def grade(self, fn: Any, part: str, check: Callable[["Attempt"], None] | None = None) -> None:
+        """Run ``check``, the hidden test of ``part``, on ``fn``: returns when it passes, raises GradingFailure when not.
+
+        The hidden tests call it through :func:`autograder.hidden.grade`, which holds every
+        part's check; without one (a learner's copy of the course has none) it raises
+        :class:`HiddenTestUnavailable`, naming the self-check to run instead.
 
         A check that breaks in the notebook, or a rank that fails inside the autograder's
         own files, raises :class:`CheckError` instead: the course's fault, not the learner's.
@@ -196,7 +204,14 @@ class Exercise:
         does not run here: the clean re-grade (:mod:`autograder.grading.clean`) decides every part
         in a fresh process, and its verdict is written into this cell afterwards.
         """
-        check = self.part(part).check
+        self.part(part)
+        if check is None:
+            instead = (f"To check `{self.function}` now, run its visible self-check: "
+                       f'exercise("{self.number}").self_check({self.function}).' if self.visible_check is not None
+                       else "This exercise has no visible self-check: run the lesson's cells that use it.")
+            raise HiddenTestUnavailable(
+                f'{self.label}, part "{part}": this copy of the course has no hidden tests.\n'
+                "Hidden tests run only when your instructor grades the notebook you hand in. " + instead)
         if decided_by_clean_run():
             print(DEFERRED)
             return
@@ -277,7 +292,7 @@ class Attempt:
         function: str | None = None,
         **settings: Any,
     ) -> LaunchResult:
-        """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.lessons.harness.run_ranks`).
+        """Run ``worker(rank, world_size, *args)`` on fresh ranks (see :func:`autograder.kit.harness.run_ranks`).
 
         The calls this attempt's part switches off (:meth:`Exercise.forbidden`) are off, with
         their reasons, in every run: every hidden part and the visible self-check, so an answer
@@ -295,10 +310,10 @@ class Attempt:
     def torchrun(self, nnodes: int, nproc: int, **options: Any) -> "ScriptRun":
         """The learner's ``main()`` run as a script under ``nnodes`` torchrun agents of ``nproc`` processes.
 
-        Returns the :class:`~autograder.lessons.torchrun.ScriptRun` when every process exited
+        Returns the :class:`~autograder.kit.torchrun.ScriptRun` when every process exited
         0 in time; fails the part otherwise, with the first failing process's own account. A
         job runs once per answer and shape, shared by the parts that ask for it; ``options``
-        go to :func:`autograder.lessons.torchrun.run_script` (``replace``, ``timeout``).
+        go to :func:`autograder.kit.torchrun.run_script` (``replace``, ``timeout``).
         """
         from .torchrun import cached_run
         from .torchrun_feedback import failure_text
@@ -316,35 +331,17 @@ class Attempt:
 
 
 class HiddenTestUnavailable(RuntimeError):
-    """A graded part's hidden test was asked for in the learner distribution, which has none."""
-
-    def _render_traceback_(self) -> list[str]:
-        """Only the message in a notebook: it is not an error of the learner's code."""
-        return [f"{type(self).__name__}: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]
-
-
-def HIDDEN_CHECK(attempt: Attempt) -> NoReturn:  # noqa: N802 - named like the constant it stands in for
-    """The check of every graded part in the learner distribution: it says the hidden test is not here.
-
-    ``python -m autograder release`` (see :mod:`autograder.release`) writes each lesson's
-    module with this function in place of every ``Part``'s own check, so learners keep the
-    exercises' parts, points and visible self-checks while the hidden tests stay with the
-    instructor. It raises :class:`HiddenTestUnavailable`, naming the exercise, the part and
-    the self-check to run instead; the kit passes it on as it is, not as a fault of the course.
+    """A graded part's hidden test was asked for without its check (the learner's copy of the course has none).
 
     >>> ex = Exercise(number="9.1", function="answer", title="the answer",
-    ...               parts=(Part("correct", 1, "returns 42 on every rank.", HIDDEN_CHECK),))
+    ...               parts=(Part("correct", 1, "returns 42 on every rank."),))
     >>> try:
     ...     ex.grade(lambda rank, world_size: 42, "correct")
     ... except HiddenTestUnavailable as err:
     ...     print(str(err).splitlines()[0])
     Exercise 9.1, part "correct": this copy of the course has no hidden tests.
     """
-    ex = attempt.exercise
-    instead = (f"To check `{ex.function}` now, run its visible self-check: "
-               f'exercise("{ex.number}").self_check({ex.function}).' if ex.visible_check is not None else
-               "This exercise has no visible self-check: run the lesson's cells that use it.")
-    raise HiddenTestUnavailable(
-        f'{ex.label}, part "{attempt.part}": this copy of the course has no hidden tests.\n'
-        "Hidden tests run only when your instructor grades the notebook you hand in. " + instead
-    )
+
+    def _render_traceback_(self) -> list[str]:
+        """Only the message in a notebook: it is not an error of the learner's code."""
+        return [f"{type(self).__name__}: {line}" if i == 0 else line for i, line in enumerate(str(self).splitlines())]

@@ -7,8 +7,12 @@ written by :func:`hidden_test_source` from the exercise's declaration::
     from autograder import exercise
     exercise("4.4").self_check(ring_allreduce)          <- optional: the visible self-check
     ### BEGIN HIDDEN TESTS
-    exercise("4.4").grade(ring_allreduce, "correct")
+    from autograder.hidden import grade
+    grade("4.4", ring_allreduce, "correct")
     ### END HIDDEN TESTS
+
+The hidden region imports :mod:`autograder.hidden`, which holds every part's check: nbgrader
+keeps it out of the learners' notebooks, and the package never ships to them.
 
 A visible self-check may also sit in a cell of its own (not graded)::
 
@@ -27,7 +31,8 @@ Example::
     from autograder import exercise
     exercise("0.1").self_check(hello)
     ### BEGIN HIDDEN TESTS
-    exercise("0.1").grade(hello, "hello")
+    from autograder.hidden import grade
+    grade("0.1", hello, "hello")
     ### END HIDDEN TESTS
 """
 
@@ -38,14 +43,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..lessons.kit import Exercise
-from ..lessons.registry import exercises
+from ..kit.exercise import Exercise
+from ..kit.registry import exercises
 
 __all__ = ["GradedCell", "graded_cells", "hidden_test_source", "self_check_source", "problems", "lesson_number",
            "answer_id", "self_check_id", "test_id"]
 
 IMPORT = "from autograder import exercise"
-_GRADE = re.compile(r'^exercise\("(?P<number>[\d.]+)"\)\.grade\((?P<function>\w+), "(?P<part>\w+)"\)$', re.M)
+HIDDEN_IMPORT = "from autograder.hidden import grade"
+_GRADE = re.compile(r'^grade\("(?P<number>[\d.]+)", (?P<function>\w+), "(?P<part>\w+)"\)$', re.M)
 _SELF_CHECK = re.compile(r'^exercise\("(?P<number>[\d.]+)"\)\.self_check\((?P<function>\w+)(?:, (?P<options>[^)]*))?\)$',
                          re.M)
 
@@ -83,7 +89,7 @@ def hidden_test_source(ex: Exercise, part: str, self_check: str | None = None) -
     lines = [ex.heading(part), IMPORT]
     if self_check is not None:
         lines.append(self_check_source(ex, self_check).splitlines()[-1])
-    lines += ["### BEGIN HIDDEN TESTS", f'exercise("{ex.number}").grade({ex.function}, "{ex.part(part).name}")',
+    lines += ["### BEGIN HIDDEN TESTS", HIDDEN_IMPORT, f'grade("{ex.number}", {ex.function}, "{ex.part(part).name}")',
               "### END HIDDEN TESTS"]
     return "\n".join(lines)
 
@@ -145,10 +151,10 @@ def problems(notebook: Path) -> list[str]:
         where = f"{notebook.name}, cell {cell.index} ({cell.grade_id})"
         if cell.part is None:
             found.append(f"{where}: a graded cell must make exactly one call "
-                         f'exercise("N.M").grade(function, "part") in its hidden tests')
+                         f'grade("N.M", function, "part") in its hidden tests')
             continue
         if cell.number not in declared:
-            found.append(f"{where}: exercise {cell.number} is not declared in autograder/lesson{lesson:02d}.py")
+            found.append(f"{where}: exercise {cell.number} is not declared in autograder/lessons/lesson{lesson:02d}.py")
             continue
         ex = declared[cell.number]
         if cell.part not in {p.name for p in ex.parts}:

@@ -5,7 +5,7 @@ Learners run it in the learner distribution (``make check`` there; it ships with
 For each lesson notebook it:
 
 1. reads the notebook's definitions the way the clean re-grade does
-   (:func:`autograder.grading.clean.exercise_code` and :func:`~autograder.grading.clean.define`):
+   (:func:`autograder.learner.definitions.exercise_code` and :func:`~autograder.learner.definitions.define`):
    imports, functions, classes and constants; nothing else of the notebook runs, so what
    passes here is judged on the same code that grading judges, and the statements left
    out of an answer cell are listed;
@@ -22,9 +22,9 @@ The exit status is 0 when every self-check passed, 1 when one failed or is not d
 
 Usage (from the course's folder)::
 
-    python -m autograder.grading.selfcheck              # every lesson in course/
-    python -m autograder.grading.selfcheck 05 7         # lessons 05 and 07
-    python -m autograder.grading.selfcheck path/to/05-data-parallel-sgd.ipynb
+    python -m autograder.learner.selfcheck              # every lesson in course/
+    python -m autograder.learner.selfcheck 05 7         # lessons 05 and 07
+    python -m autograder.learner.selfcheck path/to/05-data-parallel-sgd.ipynb
 
 Example (reading a notebook's self-check calls, running nothing)::
 
@@ -46,14 +46,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..paths import ROOT
-from .clean import Kept, define, exercise_code
+from .definitions import Kept, define, exercise_code
 
 __all__ = ["Call", "self_check_calls", "stub_line", "find_notebooks", "check_notebook", "main"]
 
 #: nbgrader's own stub, for an answer cell whose stub does not name its exercise.
 PLAIN_STUB = "Replace this line with your code"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-USAGE = ("usage: python -m autograder.grading.selfcheck [LESSON | NOTEBOOK ...]\n"
+USAGE = ("usage: python -m autograder.learner.selfcheck [LESSON | NOTEBOOK ...]\n"
          "  LESSON: a lesson's number (05 or 5) or folder name (05-data-parallel-sgd); none: every lesson in course/")
 
 
@@ -118,7 +118,7 @@ def stub_line(code: list[Kept], number: str, function: str) -> str | None:
     A stub counts when it names the exercise, anywhere in the definitions; nbgrader's plain
     stub counts in the cell that defines ``function``.
 
-    >>> from autograder.grading.clean import exercise_code_from_cells
+    >>> from autograder.learner.definitions import exercise_code_from_cells
     >>> code, _ = exercise_code_from_cells(['def f():\\n    raise NotImplementedError("Exercise 9.1: t")'])
     >>> stub_line(code, "9.1", "f"), stub_line(code, "9.2", "f")
     ('cell 1, line 2', None)
@@ -165,7 +165,7 @@ def _shown(lines: list[str]) -> str:
 
 def _run_one(ex: Any, call: Call, namespace: dict[str, Any]) -> str:
     """Run one self-check as the notebook's cell does; print what it shows; return passed or failed."""
-    from ..lessons.harness import CheckError, GradingFailure
+    from ..kit.harness import CheckError, GradingFailure
 
     try:
         ex.self_check(namespace[call.function], **dict(call.options))
@@ -183,7 +183,7 @@ def _run_one(ex: Any, call: Call, namespace: dict[str, Any]) -> str:
 
 def check_notebook(lesson: int, notebook: Path) -> dict[str, int]:
     """Run lesson ``lesson``'s self-checks on ``notebook``'s definitions; print each outcome; count them."""
-    from ..lessons.registry import exercises
+    from ..kit.registry import exercises
 
     print(f"Lesson {lesson:02d}: {notebook}", flush=True)
     try:
@@ -243,7 +243,7 @@ def main(argv: list[str]) -> int:
     if not chosen:
         print(f"no lesson notebooks in {ROOT / 'course'}.\n{USAGE}", file=sys.stderr)
         return 2
-    from ..lessons import harness
+    from ..kit import harness
 
     harness.reuse_ranks()  # the checks of one run share warm ranks, as the clean re-grade's do
     totals: dict[str, int] = {}

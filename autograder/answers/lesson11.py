@@ -2,7 +2,7 @@
 
 Like that module, it never ships to learners and the grading sandbox hides it. How to use it::
 
-    from autograder.lessons.reference_attention import ring_attention
+    from autograder.answers.lesson11 import ring_attention
     helpers.launch(lambda rank, ws: ring_attention(*torch.randn(3, 2, 8, 4)).shape, 4)
 """
 

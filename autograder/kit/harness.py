@@ -1,6 +1,6 @@
 """The grading harness: run a learner's function on fresh ranks and say who is at fault.
 
-The lesson checks (``autograder.lessons.lessonNN``, declared with :mod:`autograder.lessons.kit`) are
+The lesson checks (``autograder.lessons.lessonNN`` and ``autograder.hidden.lessonNN``, declared with :mod:`autograder.kit.exercise`) are
 built on this module. Every run of the learner's code:
 
 - happens in fresh rank processes through :func:`helpers.launch`, never in the learner's
@@ -18,9 +18,9 @@ Two kinds of error come out of it:
   ``autograder`` package's files rather than in the learner's code). The message says
   so, and asks the learner to tell the instructor.
 
-Example (what :meth:`autograder.lessons.kit.Attempt.run` does for a check)::
+Example (what :meth:`autograder.kit.exercise.Attempt.run` does for a check)::
 
-    >>> from autograder.lessons.harness import run_ranks
+    >>> from autograder.kit.harness import run_ranks
     >>> def worker(rank, world_size, fn):
     ...     return fn(rank, world_size)
     >>> list(run_ranks("demo", worker, 2, (lambda r, w: r * 10,), exercise="Exercise 0.0", function="f"))

@@ -3,7 +3,7 @@
 ``make handin`` in the learner distribution runs it (with the system's Python: it needs
 nothing but the standard library, no torch, no virtual environment)::
 
-    python3 -m autograder.grading.handin [--student NAME] [--lesson LESSON ...]
+    python3 -m autograder.learner.handin [--student NAME] [--lesson LESSON ...]
 
 (``make handin STUDENT=ada LESSON=05`` gives both through the environment, as ``$STUDENT``
 and ``$LESSON``). It writes ``handin/<NAME>.zip`` holding ``<NAME>/<lesson>/<lesson>.ipynb`` for each lesson

@@ -1,4 +1,4 @@
-"""The two small programs :mod:`autograder.lessons.torchrun` writes next to the learner's script.
+"""The two small programs :mod:`autograder.kit.torchrun` writes next to the learner's script.
 
 - :data:`WRAPPER` (``graded_run.py``) runs in every process torchrun starts and runs the
   learner's ``train.py`` in it, recording what the checks read (saves and when they were

@@ -6,9 +6,9 @@ really run: :func:`run_script` writes the learner's ``main`` into ``train.py`` w
 (``torch.distributed.run.main``, the function behind the ``torchrun`` command; several
 agents on this machine stand for several hosts), stops the job at a time limit with
 everything it started, and returns a :class:`ScriptRun`: exit codes, output, and typed
-records written by the processes themselves. :meth:`~autograder.lessons.kit.Attempt.torchrun`
+records written by the processes themselves. :meth:`~autograder.kit.exercise.Attempt.torchrun`
 is how a part's check asks for one; it fails the part with
-:func:`autograder.lessons.torchrun_feedback.failure_text` when the job did not succeed.
+:func:`autograder.kit.torchrun_feedback.failure_text` when the job did not succeed.
 
 Every process runs the learner's script inside a small wrapper (``torchrun_programs.WRAPPER``) that writes,
 as JSON in the job's folder:

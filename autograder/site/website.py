@@ -25,8 +25,8 @@ from pathlib import Path
 
 import nbformat
 
-from ..course import colab
-from ..course.build import lessons as all_lessons
+from ..notebooks import colab
+from ..notebooks.generate import lessons as all_lessons
 from ..paths import ROOT
 from ..release.readme import CLONE_FOLDER
 from . import execute, leaks, pages
@@ -83,7 +83,7 @@ mathjax2_config = {
 
 
 def _conf(mathjax: bool) -> str:
-    return f'''# Written by autograder/site/build.py for `make site`; edits here are overwritten.
+    return f'''# Written by autograder/site/website.py for `make site`; edits here are overwritten.
 project = {TITLE!r}
 author = "the course's authors"
 extensions = ["myst_nb"]
@@ -109,7 +109,7 @@ suppress_warnings = ["mystnb.unknown_mime_type", "misc.highlighting_failure"]
 {_MATHJAX if mathjax else ""}'''
 
 
-CSS = """/* Written by autograder/site/build.py. The lesson pages' two links, as buttons. */
+CSS = """/* Written by autograder/site/website.py. The lesson pages' two links, as buttons. */
 .course-links a { display: inline-block; padding: .35em .9em; margin: 0 .5em .5em 0; border-radius: .3em;
   border: 1px solid var(--pst-color-primary); text-decoration: none; font-weight: 600; }
 .course-links a.course-colab { background: var(--pst-color-primary); color: var(--pst-color-background); }
@@ -186,7 +186,7 @@ def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool =
             f"{len(gone)} lesson(s) as they are now: {', '.join(gone)}. Run `make site` (without OFFLINE=1) to run "
             "them and fill the cache, or `make test`, whose notebook tests fill it too.")
     if colab.REPOSITORY == colab.PLACEHOLDER:
-        log(f"warning: REPOSITORY in autograder/course/colab.py is still the placeholder {colab.PLACEHOLDER}: the "
+        log(f"warning: REPOSITORY in autograder/notebooks/colab.py is still the placeholder {colab.PLACEHOLDER}: the "
             "pages' 'Open in Colab' links lead nowhere until you set it (docs/instructors.md, Publishing the course).")
     work = work or root / "build" / "site"
     src = work / "src"
