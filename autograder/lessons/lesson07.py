@@ -34,7 +34,7 @@ from .kit import Attempt, Exercise, Part
 from .pieces import plural
 from .torchrun import ScriptRun
 
-__all__ = ["EXERCISES", "exercise_7_1", "make_model", "make_dataset", "COURSE"]
+__all__ = ["EXERCISES", "exercise_7_1", "exercise_7_2", "make_model", "make_dataset", "COURSE", "course_72"]
 
 SAMPLES, FEATURES, CLASSES = 48, 6, 3
 EPOCHS, BATCH_SIZE, LR = 2, 4, 0.3
@@ -211,4 +211,72 @@ exercise_7_1 = Exercise(
     visible_check=_self_check,
 )
 
-EXERCISES = (exercise_7_1,)
+
+# -- Exercise 7.2: a script that survives a lost process --------------------------------------------------
+
+
+def course_72() -> dict[str, Any]:
+    """What Exercise 7.2's script gets from the course instead of the notebook."""
+    from . import faults
+
+    return {"make_dropout_model": faults.make_dropout_model, "make_dataset": make_dataset, "STEPS": faults.STEPS,
+            "GLOBAL_BATCH": faults.GLOBAL_BATCH, "CKPT_EVERY": faults.CKPT_EVERY, "CKPT_DIR": faults.CKPT_DIR,
+            "FINAL": faults.FINAL, "LR": faults.LR, "MOMENTUM": faults.MOMENTUM}
+
+
+def _self_check_72(attempt: Attempt) -> str:
+    from . import faultjudge as judge
+    from . import faults
+    from .torchrun import run_together
+
+    seed = faults.fault_seed()
+    kill = faults.step_kill(seed, 2)
+    fault = faults.where(kill, seed)
+    straight, killed = run_together([faults.job(attempt.fn, 2, course_72(), label="the uninterrupted job"),
+                                     faults.job(attempt.fn, 2, course_72(), kill=kill, label="the job with a fault")])
+    judge.ran(attempt, straight)
+    weights, loss = faults.reference(faults.STEPS)
+    judge.same_result(attempt, straight, weights, loss, faults.CLOSE, "one process taking the same global batches")
+    judge.ran(attempt, killed, fault)
+    timeline = faults.Timeline.read(killed.folder)
+    start = judge.resumed(attempt, killed, timeline, fault)
+    judge.in_order(attempt, killed, timeline, faults.STEPS, fault)
+    want, want_loss = faults.final_weights(straight), judge.printed_loss(straight)
+    judge.same_result(attempt, killed, want, want_loss, faults.SAME, "the uninterrupted job's")
+    return (f"Self-check passed: on 2 processes, {fault}; torchrun restarted the job, which resumed from the "
+            f"checkpoint of step {start}, trained every global batch once, and ended with the uninterrupted job's "
+            "weights and loss, bit for bit. The hidden tests run 4 processes, kill one while it writes a checkpoint, "
+            "resume a 4-process checkpoint on 2 and 3 processes, and check that nothing is left behind.")
+
+
+def _hidden(name: str):
+    """A hidden part's check, from the module that holds them (the instructor's only)."""
+    def check(attempt: Attempt) -> None:
+        from . import faultparts
+
+        getattr(faultparts, name)(attempt)
+    check.__name__ = f"_{name}"
+    return check
+
+
+exercise_7_2 = Exercise(
+    number="7.2",
+    function="resilient_main",
+    title="a training script that survives a lost process",
+    parts=(
+        Part("resumes", 3, "4 processes, one killed at a random step: torchrun restarts the job, which resumes from the "
+             "newest complete checkpoint and ends with an uninterrupted run's weights and loss, bit for bit.",
+             _hidden("resumes")),
+        Part("no_repeat", 2, "across the failure every global batch is trained on once, in the data's order: no step "
+             "applied twice, no batch skipped.", _hidden("no_repeat")),
+        Part("atomic", 2, "a process killed while it writes a checkpoint leaves the previous one usable: the job "
+             "resumes from it and ends right.", _hidden("atomic")),
+        Part("reshard", 2, "a 4-process checkpoint resumed on 2 and on 3 processes ends equal to one process taking the "
+             "same global batches.", _hidden("reshard")),
+        Part("clean_exit", 1, "every process destroys its process group and leaves no process behind.",
+             _hidden("clean_exit")),
+    ),
+    visible_check=_self_check_72,
+)
+
+EXERCISES = (exercise_7_1, exercise_7_2)
