@@ -46,9 +46,8 @@ def same_result(attempt: Attempt, run: ScriptRun, weights: list, loss: float, to
                      f"course's model has {[tuple(w.shape) for w in weights]}.")
     worst = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, weights))
     if worst > tolerance:
-        exact = "bit for bit" if tolerance == 0 else f"within {tolerance:g}"
         attempt.fail(f"under {run.where}, the final weights differ from {what} by up to {worst:.3g} (they should agree "
-                     f"{exact}).")
+                     f"within {tolerance:g}).")
     printed = printed_loss(run)
     if printed is None or abs(printed - loss) > max(tolerance, 5e-7):
         attempt.fail(f"under {run.where}, the printed final loss is {printed}; {what} reaches {loss:.6f}. Rank 0 "
@@ -92,8 +91,13 @@ def resumed(attempt: Attempt, run: ScriptRun, timeline: Timeline, fault: str) ->
         attempt.fail(f"under {run.where}, the job ended without torchrun restarting it after the fault ({fault}).")
     newest = max([n for n in timeline.checkpoints(0) if n <= timeline.kill()["n"]], default=0)
     start = timeline.resumed_after(1)
-    if start == newest and newest > 0:
+    detail = why_it_differs(timeline, newest)
+    if start == newest and newest > 0 and not detail:
         return start
+    if start == newest and newest > 0:
+        attempt.fail(f"under {run.where}, after {fault}, the restarted processes resumed from the checkpoint of step "
+                     f"{start}, but their first step was not the one the killed attempt took from the same point:\n"
+                     f"{detail}")
     if newest == 0:
         attempt.fail(f"under {run.where}, no checkpoint was complete when {fault}: save one every CKPT_EVERY "
                      f"({CKPT_EVERY}) steps, on every process that holds part of it.")
@@ -101,7 +105,6 @@ def resumed(attempt: Attempt, run: ScriptRun, timeline: Timeline, fault: str) ->
         attempt.fail(f"under {run.where}, after {fault}, the restarted processes began again from the initial weights "
                      f"although a checkpoint of step {newest} was complete: on start, load the newest complete "
                      "checkpoint and go on from its step.")
-    detail = why_it_differs(timeline, newest)
     if start is None:
         attempt.fail(f"under {run.where}, after {fault}, the restarted processes began from weights that match no step "
                      f"of the killed attempt (the newest complete checkpoint was step {newest}); loading a checkpoint "

@@ -49,7 +49,8 @@ def _round_two(attempt: Attempt) -> dict[str, Any]:
     jobs = _round_one(attempt)
     if "torn" not in jobs:
         straight = jobs["straight"]
-        writers = sorted({e["rank"] for e in faults.Timeline.read(straight.folder).of("save", 0)})
+        timeline = faults.Timeline.read(straight.folder)
+        writers = sorted({e["rank"] for e in timeline.of("save", 0) if timeline.in_checkpoints(e["path"])})
         kill = faults.write_kill(jobs["seed"], writers)
         torn, on_two, on_three = run_together([
             faults.job(attempt.fn, 4, course_72(), kill=kill, label="the job killed while writing"),

@@ -70,7 +70,7 @@ COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset
 
 def _job(attempt: Attempt, nnodes: int, nproc: int) -> ScriptRun:
     """The learner's main() under torchrun, with the course's model, data and constants; fails the part if it failed."""
-    return attempt.torchrun(nnodes, nproc, replace=COURSE)
+    return attempt.torchrun(nnodes, nproc, replace=COURSE, fork=True)
 
 
 def _final_losses(run: ScriptRun) -> list[float]:
@@ -244,8 +244,8 @@ def _self_check_72(attempt: Attempt) -> str:
     want, want_loss = faults.final_weights(straight), judge.printed_loss(straight)
     judge.same_result(attempt, killed, want, want_loss, faults.SAME, "the uninterrupted job's")
     return (f"Self-check passed: on 2 processes, {fault}; torchrun restarted the job, which resumed from the "
-            f"checkpoint of step {start}, trained every global batch once, and ended with the uninterrupted job's "
-            "weights and loss, bit for bit. The hidden tests run 4 processes, kill one while it writes a checkpoint, "
+            f"checkpoint of step {start} with the weights, optimizer state and RNG state it had saved (bit for bit), "
+            "trained every global batch once, and ended with the uninterrupted job's weights and loss. The hidden tests run 4 processes, kill one while it writes a checkpoint, "
             "resume a 4-process checkpoint on 2 and 3 processes, and check that nothing is left behind.")
 
 
@@ -265,7 +265,7 @@ exercise_7_2 = Exercise(
     title="a training script that survives a lost process",
     parts=(
         Part("resumes", 3, "4 processes, one killed at a random step: torchrun restarts the job, which resumes from the "
-             "newest complete checkpoint and ends with an uninterrupted run's weights and loss, bit for bit.",
+             "newest complete checkpoint (its state restored bit for bit) and ends with an uninterrupted run's weights and loss.",
              _hidden("resumes")),
         Part("no_repeat", 2, "across the failure every global batch is trained on once, in the data's order: no step "
              "applied twice, no batch skipped.", _hidden("no_repeat")),

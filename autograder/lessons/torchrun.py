@@ -377,7 +377,15 @@ def _process_logs(folder: Path, node: int, local_rank: int | None) -> Path | Non
 def _read_failures(folder: Path, node: int) -> list[Failure]:
     """What agent ``node`` recorded of its failed processes, with each one's own error record and logs."""
     failures = []
-    for record in _json(folder / f"failures-{node}.json") or []:
+    records = _json(folder / f"failures-{node}.json") or []
+    procs = folder / f"failures-{node}.json.procs"  # forked processes: every exit code the agent saw at the failure
+    if records and procs.is_file():
+        seen = {r.get("local_rank") for r in records}
+        last = [json.loads(line) for line in procs.read_text().splitlines() if line.strip()][-1]
+        base = int(records[0]["rank"]) - int(records[0]["local_rank"] or 0)
+        records += [{"rank": base + p["local_rank"], "local_rank": p["local_rank"], "exitcode": p["exitcode"],
+                     "timestamp": p["time"]} for p in last if p["local_rank"] not in seen]
+    for record in records:
         rank, local_rank = int(record.get("rank", -1)), record.get("local_rank")
         logs = _process_logs(folder, node, local_rank)
         errors = sorted(folder.glob(f"error-{rank}-*.json"), key=_attempt_of)

@@ -143,7 +143,22 @@ from torch.distributed.run import main
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 sys.argv[0] = "torchrun"
 if "--run-path" in sys.argv:  # the processes are forked from this one: import once what every graded script uses
-    import torch.distributed.checkpoint, torch.distributed.nn, torch.nn.parallel, torch.optim  # noqa: E401,F401
+    # (DDP's constructor imports torch._dynamo: over a second of CPU in each process otherwise)
+    import torch._dynamo, torch.distributed.checkpoint, torch.distributed.nn, torch.nn.parallel, torch.optim  # noqa
+    # torchrun reports one failed process of a forked group (the first it finds); keep every process's exit code
+    # when a failure is seen, so that the root cause is not lost behind a peer that only lost its connection.
+    import time
+    from torch.distributed.elastic.multiprocessing import api as _api
+    _poll = _api.MultiprocessContext._poll
+    def _kept_poll(self):
+        result = _poll(self)
+        if result is not None and result.is_failed() and self._pc is not None:
+            codes = [{"local_rank": i, "exitcode": p.exitcode, "time": time.time()}
+                     for i, p in enumerate(self._pc.processes) if p.exitcode not in (None, 0)]
+            with open(os.environ["COURSE_AGENT_FAILURES"] + ".procs", "a") as out:
+                out.write(json.dumps(codes) + "\\n")
+        return result
+    _api.MultiprocessContext._poll = _kept_poll
 try:
     main()
 except ChildFailedError as failed:
