@@ -24,7 +24,6 @@ from typing import Any
 from . import faultjudge as judge
 from . import faults
 from .kit import Attempt, GradingFailure
-from .lesson07 import course_72
 from .torchrun import ScriptRun, run_together, source_key
 from .torchrun_feedback import failure_text
 
@@ -39,8 +38,8 @@ def _round_one(attempt: Attempt) -> dict[str, Any]:
     if key not in _jobs:
         seed = faults.fault_seed()
         kill = faults.step_kill(seed, 4)
-        straight, killed = run_together([faults.job(attempt.fn, 4, course_72(), label="the uninterrupted job"),
-                                         faults.job(attempt.fn, 4, course_72(), kill=kill, label="the killed job")])
+        straight, killed = run_together([faults.job(attempt.fn, 4, faults.course_72(), label="the uninterrupted job"),
+                                         faults.job(attempt.fn, 4, faults.course_72(), kill=kill, label="the killed job")])
         _jobs[key] = {"seed": seed, "straight": straight, "killed": killed, "kill": kill}
     return _jobs[key]
 
@@ -53,10 +52,10 @@ def _round_two(attempt: Attempt) -> dict[str, Any]:
         writers = sorted({e["rank"] for e in timeline.of("save", 0) if timeline.in_checkpoints(e["path"])})
         kill = faults.write_kill(jobs["seed"], writers)
         torn, on_two, on_three = run_together([
-            faults.job(attempt.fn, 4, course_72(), kill=kill, label="the job killed while writing"),
-            faults.job(attempt.fn, 2, course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
+            faults.job(attempt.fn, 4, faults.course_72(), kill=kill, label="the job killed while writing"),
+            faults.job(attempt.fn, 2, faults.course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
                        label="the 4-process checkpoint resumed on 2"),
-            faults.job(attempt.fn, 3, course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
+            faults.job(attempt.fn, 3, faults.course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
                        label="the 4-process checkpoint resumed on 3")])
         jobs.update(torn=torn, on_two=on_two, on_three=on_three, write_kill=kill)
     return jobs
@@ -101,8 +100,9 @@ def no_repeat(attempt: Attempt) -> None:
 def _one_file(run: ScriptRun) -> str:
     """The first checkpoint file several processes wrote with torch.save, in words ("" when none)."""
     by_path: dict[tuple, set] = {}
-    for e in faults.Timeline.read(run.folder).of("save", 0):
-        if e["api"] == "torch.save":
+    timeline = faults.Timeline.read(run.folder)
+    for e in timeline.of("save", 0):  # files the script named (DCP's own torch.save calls write into streams)
+        if e["api"] == "torch.save" and timeline.in_checkpoints(e["path"]):
             by_path.setdefault((e["path"], e["n"]), set()).add(e["rank"])
     for (path, n), ranks in sorted(by_path.items(), key=lambda item: item[0][1]):
         if len(ranks) > 1:
@@ -113,10 +113,10 @@ def _one_file(run: ScriptRun) -> str:
 
 def atomic(attempt: Attempt) -> None:
     jobs = _round_two(attempt)
-    judge.ran(attempt, jobs["straight"])
-    clash = _one_file(jobs["straight"])
+    clash = _one_file(jobs["straight"])  # from the records, whether or not the job got through
     if clash:
         attempt.fail(f"under {jobs['straight'].where}, {clash}")
+    judge.ran(attempt, jobs["straight"])
     torn, kill = jobs["torn"], jobs["write_kill"]
     fault = faults.where(kill, jobs["seed"])
     timeline = faults.Timeline.read(torn.folder)

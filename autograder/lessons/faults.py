@@ -1,6 +1,6 @@
 """Exercise 7.2's course pieces and what its checks read: a training job that survives a lost process.
 
-- the course's model, constants and data order (:func:`make_dropout_model`, :func:`schedule`), and a
+- the course's data (Exercises 7.1 and 7.2), model, constants and data order (:func:`make_dropout_model`, :func:`schedule`), and a
   single process taking the same global batches (:func:`reference`);
 - the grading's faults: a seed (:func:`fault_seed`; ``COURSE_FAULT_SEED`` replays one) and the plan
   it draws (:func:`step_kill`, :func:`write_kill`), and the jobs that carry them (:func:`job`);
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from .torchrun import JobSpec, ScriptRun
 
-__all__ = ["STEPS", "GLOBAL_BATCH", "CKPT_EVERY", "CKPT_DIR", "FINAL", "LR", "MOMENTUM", "make_dropout_model",
+__all__ = ["course_72", "STEPS", "GLOBAL_BATCH", "CKPT_EVERY", "CKPT_DIR", "FINAL", "LR", "MOMENTUM", "make_dropout_model",
            "make_dataset", "schedule", "reference", "fault_seed", "step_kill", "write_kill", "job", "where", "Timeline",
            "final_weights", "SAME", "CLOSE"]
 
@@ -42,10 +42,21 @@ STORE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # pytorch #135712: see 
 
 
 def make_dataset():
-    """The course's 48 samples (lesson 07's ``make_dataset``)."""
-    from .lesson07 import make_dataset as made
+    """48 samples of 6 features in 3 classes, the same in every process."""
+    import torch
+    from torch.utils.data import TensorDataset
 
-    return made()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 6, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return TensorDataset(x, y)
+
+
+def course_72() -> dict[str, Any]:
+    """What Exercise 7.2's script gets from the course instead of the notebook."""
+    return {"make_dropout_model": make_dropout_model, "make_dataset": make_dataset, "STEPS": STEPS,
+            "GLOBAL_BATCH": GLOBAL_BATCH, "CKPT_EVERY": CKPT_EVERY, "CKPT_DIR": CKPT_DIR, "FINAL": FINAL, "LR": LR,
+            "MOMENTUM": MOMENTUM}
 
 
 def make_dropout_model():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .faults import course_72, make_dataset
 from .kit import Attempt, Exercise, Part
 from .pieces import plural
 from .torchrun import ScriptRun
@@ -51,17 +52,6 @@ def make_model():
 
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-
-
-def make_dataset():
-    """48 samples of 6 features in 3 classes, the same in every process."""
-    import torch
-    from torch.utils.data import TensorDataset
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(48, 6, generator=g)
-    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
-    return TensorDataset(x, y)
 
 
 COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset, "EPOCHS": EPOCHS,
@@ -213,15 +203,6 @@ exercise_7_1 = Exercise(
 
 
 # -- Exercise 7.2: a script that survives a lost process --------------------------------------------------
-
-
-def course_72() -> dict[str, Any]:
-    """What Exercise 7.2's script gets from the course instead of the notebook."""
-    from . import faults
-
-    return {"make_dropout_model": faults.make_dropout_model, "make_dataset": make_dataset, "STEPS": faults.STEPS,
-            "GLOBAL_BATCH": faults.GLOBAL_BATCH, "CKPT_EVERY": faults.CKPT_EVERY, "CKPT_DIR": faults.CKPT_DIR,
-            "FINAL": faults.FINAL, "LR": faults.LR, "MOMENTUM": faults.MOMENTUM}
 
 
 def _self_check_72(attempt: Attempt) -> str:

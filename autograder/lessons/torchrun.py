@@ -169,14 +169,9 @@ def _remove_folders() -> None:
 
 @dataclass
 class JobSpec:
-    """One job to run: the learner's ``fn`` under ``nnodes`` agents of ``nproc`` processes, and how.
-
-    ``fork`` starts the processes as ``torchrun --run-path --start-method=fork`` does: forked from
-    the agent, which imported torch once, instead of a fresh interpreter each (the same agent,
-    rendezvous and restarts; about a quarter of the CPU for four processes). ``max_restarts`` is
-    torchrun's; ``env`` adds variables; ``prepare(folder)`` fills the job's folder before it starts
-    (a checkpoint to resume from, a fault plan's files).
-    """
+    """One job: the learner's ``fn`` under ``nnodes`` agents of ``nproc`` processes. ``fork``: the processes are
+    forked from the agent (``torchrun --run-path --start-method=fork``), which imported torch once; ``env`` adds
+    variables; ``prepare(folder)`` fills the job's folder first (a checkpoint to resume from, a fault plan's files)."""
 
     fn: Callable
     nnodes: int
