@@ -102,12 +102,12 @@ def reference(steps: int) -> tuple[list, float]:
 
     x, y = make_dataset().tensors
     model = make_dropout_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    sgd = torch.optim.SGD(model.parameters(), LR, MOMENTUM)
     for step in range(steps):
         ids = schedule(step)
-        opt.zero_grad()
+        sgd.zero_grad()
         F.cross_entropy(model(x[ids]), y[ids]).backward()
-        opt.step()
+        sgd.step()
     model.eval()
     with torch.no_grad():
         loss = F.cross_entropy(model(x), y).item()

@@ -1,4 +1,4 @@
-"""Lesson 07's graded exercise: 7.1, a launcher-ready training script's ``main()``.
+"""Lesson 07's graded exercises: 7.1, a launcher-ready training script's ``main()``, and 7.2, one that survives a lost process.
 
 The learner writes ``main()`` for a script that ``torchrun`` starts on every process:
 set up the process group from the environment, shard the course's dataset with
@@ -13,17 +13,26 @@ How the checks judge: :meth:`~autograder.lessons.kit.Attempt.torchrun` runs the 
 ``main`` as a script under real ``torchrun`` agents (:mod:`autograder.lessons.torchrun`),
 with the course's ``make_model``, ``make_dataset`` and constants in place of the notebook's,
 so the data cannot differ: two agents of two processes each (two simulated hosts), and one
-agent of three. Each process records every ``torch.save``, whether its process group was
+agent of three, every process forked from its agent (``--run-path --start-method=fork``:
+one torch import per agent). Each process records every ``torch.save``, whether its process group was
 still alive at exit and, when it failed, its exception with the learner's line. A single
 process replays the same global batches for the reference weights and loss. A job that does
 not end in time is stopped with everything it started, and each process's stack says where
 it was; a failed job's feedback is the first failing process's own account.
 
-Hidden test cells and the visible self-check::
+Exercise 7.2: the learner's ``resilient_main()`` trains STEPS steps of the course's dropout
+model, checkpoints every CKPT_EVERY steps and resumes from the newest complete checkpoint. Its
+course pieces, faults and shared judgements are in :mod:`autograder.lessons.faults` and
+:mod:`autograder.lessons.faultjudge`; its self-check is here (2 processes, one killed at a
+random step); its hidden parts are in :mod:`autograder.lessons.faultparts` (instructor only).
+
+Hidden test cells and the visible self-checks::
 
     from autograder import exercise
     exercise("7.1").grade(main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
     exercise("7.1").self_check(main)      # two agents of one process each
+    exercise("7.2").grade(resilient_main, "resumes")   # "no_repeat", "atomic", "reshard", "clean_exit"
+    exercise("7.2").self_check(resilient_main)
 """
 
 from __future__ import annotations
