@@ -230,3 +230,19 @@ def test_the_self_check_passes_the_instructors_answer_and_names_its_seed(tmp_pat
     exercise("7.2").self_check(_answer(tmp_path, "instructors", None))
     out = capsys.readouterr().out
     assert "Self-check passed" in out and "fault seed 4242" in out, out
+
+
+def test_no_process_of_these_jobs_is_left():
+    """After every job above (killed processes, restarts, torn writes), is no agent or worker of theirs still running
+    under this test process?"""
+    from helpers._runtime.supervise import descendants
+
+    left = []
+    for pid in descendants(os.getpid()):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it ended while we looked
+            continue
+        if "graded_agent.py" in command or "graded_run.py" in command or "torchrun" in command:
+            left.append((pid, command[:120]))
+    assert not left, left

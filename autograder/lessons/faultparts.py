@@ -133,8 +133,9 @@ def atomic(attempt: Attempt) -> None:
         notes.append(f"after the restart, rank {loaded[0]['rank']} loaded {loaded[0]['path']}, the checkpoint rank "
                      f"{died['rank']} was writing when it was killed: a checkpoint must count only once every process "
                      "finished writing it (DCP's .metadata, or a marker written after a barrier)")
-    marked = [e for e in timeline.of("rename", 0) if e["rank"] != died["rank"] and e["t"] > died["t"] - kill["sleep"]
-              and e["n"] >= kill["arm"]]
+    # Another process marked the checkpoint the killed one was still writing (same step, before the kill).
+    marked = [e for e in timeline.of("rename", 0) if e["rank"] != died["rank"] and e["n"] == died["n"]
+              and e["t"] <= died["t"]]
     if marked:
         notes.append(f"rank {marked[0]['rank']} marked a checkpoint complete ({marked[0]['api']} to "
                      f"{marked[0]['dst'].rsplit('/', 1)[-1]}) while rank {died['rank']} was still writing its part: "
