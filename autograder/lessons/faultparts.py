@@ -3,12 +3,12 @@
 Five jobs, each one torchrun agent whose processes are forked from it (one torch import per job),
 started two rounds at a time so that their waits overlap:
 
-1. ``straight``: 4 processes, no fault: the bitwise reference for the same world size, and the
-   checkpoint the reshard jobs start from;
-   ``killed``: 4 processes, one SIGKILLed in the forward of a random step (a random rank);
-2. ``torn``: 4 processes, one SIGKILLed halfway through writing a checkpoint file (a rank that
-   writes one, other than 0 when there is one, so a missing barrier shows);
-   ``on_two`` and ``on_three``: ``straight``'s checkpoint resumed on 2 and on 3 processes for
+1. ``straight``: 4 processes, no fault: the reference for the same world size, and the checkpoint
+   the reshard jobs start from; ``killed``: 4 processes, one SIGKILLed in the forward of a random
+   step (a random rank); ``torn``: 4 processes, one SIGKILLed halfway through writing a checkpoint
+   file (one of the ranks that wrote the first checkpoint, other than 0 when there is one, so a
+   missing barrier shows);
+2. ``on_two`` and ``on_three``: ``straight``'s checkpoint resumed on 2 and on 3 processes for
    RESHARD_STEPS in all.
 
 The faults come from :func:`~autograder.lessons.faults.fault_seed`, named in every message so that
@@ -37,27 +37,28 @@ def _round_one(attempt: Attempt) -> dict[str, Any]:
     key = (source_key(attempt.fn), faults.fault_seed())
     if key not in _jobs:
         seed = faults.fault_seed()
-        kill = faults.step_kill(seed, 4)
-        straight, killed = run_together([faults.job(attempt.fn, 4, faults.course_72(), label="the uninterrupted job"),
-                                         faults.job(attempt.fn, 4, faults.course_72(), kill=kill, label="the killed job")])
-        _jobs[key] = {"seed": seed, "straight": straight, "killed": killed, "kill": kill}
+        kill, write_kill = faults.step_kill(seed, 4), faults.write_kill(seed)
+        course = faults.course_72()
+        straight, killed, torn = run_together([
+            faults.job(attempt.fn, 4, course, label="the uninterrupted job"),
+            faults.job(attempt.fn, 4, course, kill=kill, label="the killed job"),
+            faults.job(attempt.fn, 4, course, kill=write_kill, label="the job killed while writing")])
+        _jobs[key] = {"seed": seed, "straight": straight, "killed": killed, "kill": kill, "torn": torn,
+                      "write_kill": write_kill}
     return _jobs[key]
 
 
 def _round_two(attempt: Attempt) -> dict[str, Any]:
     jobs = _round_one(attempt)
-    if "torn" not in jobs:
+    if "on_two" not in jobs:
         straight = jobs["straight"]
-        timeline = faults.Timeline.read(straight.folder)
-        writers = sorted({e["rank"] for e in timeline.of("save", 0) if timeline.in_checkpoints(e["path"])})
-        kill = faults.write_kill(jobs["seed"], writers)
-        torn, on_two, on_three = run_together([
-            faults.job(attempt.fn, 4, faults.course_72(), kill=kill, label="the job killed while writing"),
-            faults.job(attempt.fn, 2, faults.course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
+        course = faults.course_72()
+        on_two, on_three = run_together([
+            faults.job(attempt.fn, 2, course, steps=RESHARD_STEPS, resume_from=straight.folder,
                        label="the 4-process checkpoint resumed on 2"),
-            faults.job(attempt.fn, 3, faults.course_72(), steps=RESHARD_STEPS, resume_from=straight.folder,
+            faults.job(attempt.fn, 3, course, steps=RESHARD_STEPS, resume_from=straight.folder,
                        label="the 4-process checkpoint resumed on 3")])
-        jobs.update(torn=torn, on_two=on_two, on_three=on_three, write_kill=kill)
+        jobs.update(on_two=on_two, on_three=on_three)
     return jobs
 
 
@@ -112,18 +113,18 @@ def _one_file(run: ScriptRun) -> str:
 
 
 def atomic(attempt: Attempt) -> None:
-    jobs = _round_two(attempt)
+    jobs = _round_one(attempt)
     clash = _one_file(jobs["straight"])  # from the records, whether or not the job got through
     if clash:
         attempt.fail(f"under {jobs['straight'].where}, {clash}")
     judge.ran(attempt, jobs["straight"])
     torn, kill = jobs["torn"], jobs["write_kill"]
-    fault = faults.where(kill, jobs["seed"])
     timeline = faults.Timeline.read(torn.folder)
     died = timeline.kill()
+    fault = faults.where(kill, jobs["seed"], died["rank"] if died else None)
     if died is None:
-        attempt.fail(f"under {torn.where}, the planned fault never happened: rank {kill['rank']} wrote no checkpoint "
-                     f"file under CKPT_DIR ({faults.CKPT_DIR}) after step {kill['arm']}. Save every checkpoint under "
+        attempt.fail(f"under {torn.where}, the planned fault never happened: no process wrote a checkpoint file under "
+                     f"CKPT_DIR ({faults.CKPT_DIR}) after step {kill['arm']} ({fault}). Save every checkpoint under "
                      "CKPT_DIR, every CKPT_EVERY steps.")
     notes = []
     half = died.get("path", "")

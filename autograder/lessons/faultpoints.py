@@ -69,7 +69,32 @@ def _die(where: str, **more) -> None:
 
 
 def _mine(kind: str) -> bool:
-    return KILL.get("kind") == kind and KILL.get("attempt", 0) == ATTEMPT and KILL.get("rank") == RANK
+    if KILL.get("kind") != kind or KILL.get("attempt", 0) != ATTEMPT:
+        return False
+    if "rank" not in KILL:  # a write fault's victim: drawn from the processes that wrote the first checkpoint
+        KILL["rank"] = _writer_to_kill()
+    return KILL.get("rank") == RANK
+
+
+def _writer_to_kill() -> int:
+    """The process to kill while it writes: a seeded choice among the ranks that saved the first checkpoint (read
+    from every process's records, which are complete by then), other than 0 when another rank writes too; so
+    every process names the same one, and a rank 0 that marks a checkpoint before the others finish shows."""
+    import glob
+    import random
+
+    writers = set()
+    for path in glob.glob(os.path.join(LOG, f"faults-*-{ATTEMPT}.jsonl")):
+        with _real_open(path) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:  # a line being written
+                    continue
+                if e["ev"] == "save" and 0 < e["n"] <= KILL.get("first", 1) and _under_ckpt(e["path"]):
+                    writers.add(int(path.rsplit("-", 2)[1]))
+    others = sorted(writers - {0}) or sorted(writers) or [0]
+    return random.Random(KILL.get("seed", 0)).choice(others)
 
 
 # -- what each step trained on -------------------------------------------------------------------

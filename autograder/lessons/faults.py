@@ -134,12 +134,13 @@ def step_kill(seed: int, world_size: int) -> dict:
     return {"kind": "step", "attempt": 0, "rank": rng.randrange(world_size), "step": rng.choice(steps)}
 
 
-def write_kill(seed: int, writers: list[int]) -> dict:
-    """Kill a process halfway through writing a checkpoint other than the first; a rank other than 0 when one writes."""
+def write_kill(seed: int) -> dict:
+    """Kill a process halfway through writing a checkpoint other than the first: one of those that wrote the first
+    (each process draws the same one from the seed and the records), a rank other than 0 when one writes."""
     rng = random.Random(seed * 7 + 1)
-    others = [r for r in writers if r != 0] or writers or [0]
     checkpoints = list(range(2 * CKPT_EVERY, STEPS + 1, CKPT_EVERY))
-    return {"kind": "write", "attempt": 0, "rank": rng.choice(others), "arm": rng.choice(checkpoints) - 1, "sleep": 1.0}
+    return {"kind": "write", "attempt": 0, "arm": rng.choice(checkpoints) - 1, "first": CKPT_EVERY,
+            "seed": rng.randrange(10**6), "sleep": 1.0}
 
 
 def job(fn: Callable, nproc: int, replace: dict, *, kill: dict | None = None, steps: int = STEPS,
@@ -160,15 +161,16 @@ def job(fn: Callable, nproc: int, replace: dict, *, kill: dict | None = None, st
                    prepare=prepare, label=label or f"a job of {nproc} processes", timeout=60.0)
 
 
-def where(kill: dict | None, seed: int) -> str:
-    """The fault in words, with the seed that replays it."""
+def where(kill: dict | None, seed: int, rank: int | None = None) -> str:
+    """The fault in words, with the seed that replays it (``rank``: the process a write fault chose)."""
     if not kill:
         return ""
     if kill["kind"] == "step":
         what = f"rank {kill['rank']} was killed (SIGKILL) in the forward pass of its step {kill['step']}"
     else:
-        what = (f"rank {kill['rank']} was killed (SIGKILL) halfway through writing the first checkpoint file it "
-                f"wrote after step {kill['arm']}")
+        who = f"rank {rank}" if rank is not None else "a process that writes checkpoints"
+        what = (f"{who} was killed (SIGKILL) halfway through writing the first checkpoint file it wrote after step "
+                f"{kill['arm']}")
     return f"{what} (fault seed {seed}: COURSE_FAULT_SEED={seed} replays this grading's faults)"
 
 
