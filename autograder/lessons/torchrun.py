@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping
 from helpers._runtime.diagnose import parse_dump
 from helpers._runtime.spec import free_port
 
+from .agentpool import pool_available, start_agent
 from .torchrun_programs import AGENT, WRAPPER
 
 __all__ = ["ScriptRun", "Failure", "Frame", "JobSpec", "run_script", "run_together", "cached_run", "source_key", "SCRIPT",
@@ -230,7 +231,6 @@ def _start(spec: JobSpec) -> dict:
     port = free_port()
     env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(max(spec.timeout - 10, 1.0)),
            "PYTHONPATH": "", "OMP_NUM_THREADS": "1", **dict(spec.env or {})}
-    # Forked processes run the wrapper in the agent's interpreter: torchrun wants its absolute path.
     program = ["--run-path", "--start-method=fork", str(folder / "graded_run.py")] if spec.fork else ["graded_run.py"]
     agents = []
     for node in range(spec.nnodes):
@@ -239,20 +239,20 @@ def _start(spec: JobSpec) -> dict:
                        f"--master-port={port}"])
         # --log-dir keeps each process's stdout, stderr and error file; --tee=3 still shows them in the output.
         logs = ["--tee=3", f"--log-dir={folder / f'logs-{node}'}"]
-        agents.append(start([sys.executable, str(folder / "graded_agent.py"), *rendezvous,
-                             f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", *logs, *program],
-                            cwd=folder, env={**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")},
+        args = [*rendezvous, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", *logs, *program]
+        agent_env = {**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")}
+        agents.append(start_agent(folder / "graded_agent.py", args, cwd=folder, env=agent_env, label=f"agent {node}")
+                      if spec.fork and pool_available() else  # forked from a process that imported torch once
+                      start([sys.executable, str(folder / "graded_agent.py"), *args], cwd=folder, env=agent_env,
                             output="quiet", label=f"agent {node}"))
-    return {"spec": spec, "folder": folder, "agents": agents, "deadline": time.monotonic() + spec.timeout,
-            "timed_out": False, "done": False}
+    return {"spec": spec, "folder": folder, "agents": agents, "deadline": time.monotonic() + spec.timeout, "timed_out": False,
+            "done": False}
 
 
 def _still_running(job: dict, now: float) -> bool:
     """Whether ``job`` still runs; marks it timed out (and done) at its deadline."""
-    if job["done"]:
-        return False
     agents = job["agents"]
-    if not any(agent.running() for agent in agents):
+    if job["done"] or not any(agent.running() for agent in agents):
         job["done"] = True
         return False
     failed = any(agent.returncode not in (None, 0) for agent in agents)

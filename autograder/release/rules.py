@@ -18,7 +18,7 @@ DEFAULT_DIR = Path("dist") / "learner-course"
 KEPT_MODULES = (
     "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
     "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
-    "lessons/faults", "lessons/faultjudge", "lessons/faultpoints",  # Exercise 7.2's self-check (faultparts stays)
+    "lessons/faults", "lessons/faultjudge", "lessons/faultpoints", "lessons/agentpool",  # 7.2 (faultparts stays)
     "lessons/shardcheck",
     "lessons/tpcheck", "lessons/pipecheck", "lessons/cpcheck", "lessons/cpdata",
     # The learner's commands: `make check` (selfcheck, reading the notebook with clean's reader)
