@@ -225,6 +225,19 @@ def test_marking_a_checkpoint_complete_without_a_barrier_loses_atomic_naming_the
     assert "call dist.barrier() before marking the newest checkpoint complete" in verdicts["atomic"], verdicts
 
 
+def test_a_group_left_alive_or_a_process_left_running_loses_clean_exit_only(tmp_path):
+    """Does a script that never destroys its process group, or one that leaves a child process running, lose
+    'clean_exit' (naming destroy_process_group, or the process left), and keep 'resumes'?"""
+    no_destroy = _answer(tmp_path, "no_destroy", None, ("    dist.destroy_process_group()\n", ""))
+    verdicts = _grades(no_destroy, ("resumes", "clean_exit"))
+    assert not verdicts["resumes"] and "dist.destroy_process_group()" in verdicts["clean_exit"], verdicts
+    child = _answer(tmp_path, "child_left", None, ("    dist.barrier()                                      #",
+                                                   "    __import__('subprocess').Popen(['sleep', '20'])\n"
+                                                   "    dist.barrier()                                      #"))
+    verdicts = _grades(child, ("clean_exit",))
+    assert "left 1 process(es) running" in verdicts["clean_exit"] and "sleep 20" in verdicts["clean_exit"], verdicts
+
+
 def test_the_self_check_passes_the_instructors_answer_and_names_its_seed(tmp_path, capsys):
     """Does the visible self-check (2 processes, one killed) pass the instructor's answer and name the fault's seed?"""
     exercise("7.2").self_check(_answer(tmp_path, "instructors", None))

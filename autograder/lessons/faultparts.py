@@ -182,9 +182,11 @@ def reshard(attempt: Attempt) -> None:
 
 def clean_exit(attempt: Attempt) -> None:
     jobs = _round_two(attempt)
-    for name in ("straight", "killed", "torn", "on_two", "on_three"):
-        run = jobs[name]
-        judge.ran(attempt, run)
+    judge.ran(attempt, jobs["straight"])  # a job must end for its exits to be judged; the faulted ones are judged
+    for name in ("straight", "killed", "torn", "on_two", "on_three"):  # where they ended (their failures are
+        run = jobs[name]                                                 # the other parts' business)
+        if not run.ok:
+            continue
         alive = sorted(rank for rank, still in run.exits.items() if still)
         if alive:
             attempt.fail(f"under {run.where}, ranks {alive} still had their process group when they exited: call "
