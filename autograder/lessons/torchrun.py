@@ -230,7 +230,7 @@ def _start(spec: JobSpec) -> dict:
         spec.prepare(folder)
     port = free_port()
     env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(max(spec.timeout - 10, 1.0)),
-           "PYTHONPATH": "", "OMP_NUM_THREADS": "1", **dict(spec.env or {})}
+           "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "HELPERS_PRESTART": "0", **dict(spec.env or {})}
     program = ["--run-path", "--start-method=fork", str(folder / "graded_run.py")] if spec.fork else ["graded_run.py"]
     agents = []
     for node in range(spec.nnodes):
