@@ -149,10 +149,10 @@ if "--run-path" in sys.argv:  # the processes are forked from this one: import o
     # when a failure is seen, so that the root cause is not lost behind a peer that only lost its connection.
     import time
     from torch.distributed.elastic.multiprocessing import api as _api
-    _poll = _api.MultiprocessContext._poll
+    _poll = _api.MultiprocessContext._poll  # torch's own, private: read defensively below
     def _kept_poll(self):
         result = _poll(self)
-        if result is not None and result.is_failed() and self._pc is not None:
+        if result is not None and result.is_failed() and getattr(self, "_pc", None) is not None:
             codes = [{"local_rank": i, "exitcode": p.exitcode, "time": time.time()}
                      for i, p in enumerate(self._pc.processes) if p.exitcode not in (None, 0)]
             with open(os.environ["COURSE_AGENT_FAILURES"] + ".procs", "a") as out:
