@@ -177,7 +177,7 @@ def test_a_peer_that_lost_its_connection_comes_after_the_rank_whose_end_caused_i
         {"rank": 0, "local_rank": 0, "exitcode": -15, "timestamp": 1700000002}]))
     (tmp_path / "failures-1.json").write_text(json.dumps([{"rank": 3, "local_rank": 1, "exitcode": 1,
                                                            "timestamp": 1700000003}]))
-    error = tmp_path / "error-3.json"
+    error = tmp_path / "error-3-0.json"
     error.write_text(json.dumps({"type": "RuntimeError", "frames": [], "message": "[../gloo/transport/tcp/pair.cc:537] "
                                  "Read error [127.0.0.1]:22253: Connection reset by peer. This is typically caused by a "
                                  "remote worker hanging"}))

@@ -72,6 +72,12 @@ EXPECTED_OUTPUTS = {
     "07-launching-at-scale": [
         ('"-m", "torch.distributed.launch"', r"rank \d: arguments \['--local-rank=\d'\], LOCAL_RANK=\d"),
         ('"-m", "torch.distributed.launch"', r"rank \d: arguments \[\], LOCAL_RANK=\d, local rank \d \(from LOCAL_RANK\)"),
+        # Sections 6-8: no checkpoint restarts at 0, a checkpoint every 3 steps resumes at 6, and on 2 processes too.
+        ('timeline(lost_events', r"each attempt started at step: \[\(0, 0\), \(1, 0\)\]"),
+        ('kept, kept_events = survive(', r"each attempt started at step: \[\(0, 0\), \(1, 6\)\]"),
+        ("newest complete checkpoint:", r"newest complete checkpoint: ckpt/step-0012\n.*FileNotFoundError"),
+        ('two, two_events = survive(', r"exit code: 0 \| processes: \[2\] \| started at step: \[6\]"),
+        ('exercise("7.2").self_check(resilient_main)', r"Self-check passed: on 2 processes"),
     ],
     # Lesson 09's prose quotes these numbers (DTensor's own collectives in the trace); older torch says "Skipped".
     "09-sharding": [

@@ -68,7 +68,8 @@ PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve(
 HIDDEN_PACKAGES = ("answers",)  # the instructor's answers: never inside the sandbox
 #: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
-              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT",
+              "COURSE_FAULT_SEED")  # an instructor replaying Exercise 7.2's faults
 PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_", "NBGRADER_")
 #: The bubblewrap program: ``COURSE_BWRAP`` names another (a path, or a name looked up on PATH).
 BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")

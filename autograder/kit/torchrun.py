@@ -46,9 +46,11 @@ from typing import Any, Callable, Mapping
 from helpers._runtime.diagnose import parse_dump
 from helpers._runtime.spec import free_port
 
+from .agentpool import pool_available, start_agent
 from .torchrun_programs import AGENT, WRAPPER
 
-__all__ = ["ScriptRun", "Failure", "Frame", "run_script", "cached_run", "SCRIPT", "RUN_TIMEOUT", "STDERR_LINES"]
+__all__ = ["ScriptRun", "Failure", "Frame", "JobSpec", "run_script", "run_together", "cached_run", "source_key", "SCRIPT",
+           "RUN_TIMEOUT", "STDERR_LINES"]
 
 SCRIPT = "train.py"  # the learner's script, as the feedback names it
 RUN_TIMEOUT = 90.0  # one job: 4-6 processes importing torch on 2 cores take 10-20 s
@@ -126,6 +128,7 @@ class ScriptRun:
     barriers: dict[str, list[float]] = field(default_factory=dict)  # rank -> when each of its barriers returned
     exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
+    children: dict[str, list[str]] = field(default_factory=dict)  # rank -> its child processes still alive at exit
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
     failures: list[Failure] = field(default_factory=list)  # first in time first
 
@@ -165,67 +168,130 @@ def _remove_folders() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_script(fn: Callable, nnodes: int, nproc: int, *, replace: Mapping[str, Any] | None = None,
-               timeout: float = RUN_TIMEOUT, label: str = "the torchrun job") -> ScriptRun:
+@dataclass
+class JobSpec:
+    """One job: the learner's ``fn`` under ``nnodes`` agents of ``nproc`` processes. ``fork``: the processes are
+    forked from the agent (``torchrun --run-path --start-method=fork``), which imported torch once; ``env`` adds
+    variables; ``prepare(folder)`` fills the job's folder first (a checkpoint to resume from, a fault plan's files)."""
+
+    fn: Callable
+    nnodes: int
+    nproc: int
+    replace: Mapping[str, Any] | None = None
+    timeout: float = RUN_TIMEOUT
+    label: str = "the torchrun job"
+    fork: bool = False
+    max_restarts: int = 0
+    env: Mapping[str, str] | None = None
+    prepare: Callable[[Path], None] | None = None
+
+
+def run_script(fn: Callable, nnodes: int, nproc: int, **options: Any) -> ScriptRun:
     """Run ``fn`` as ``main()`` of a script under ``nnodes`` torchrun agents of ``nproc`` processes.
 
-    ``replace`` names what the script gets from the course instead of the notebook (see
-    :func:`helpers.export_script`). The job is stopped, with every process it started, at
-    ``timeout`` seconds, or shortly after one agent failed.
+    ``options`` are :class:`JobSpec`'s: ``replace`` names what the script gets from the course
+    instead of the notebook (see :func:`helpers.export_script`), and so on. The job is stopped,
+    with every process it started, at ``timeout`` seconds, or shortly after one agent failed.
     """
-    from helpers import Interrupted, export_script, start
+    return run_together([JobSpec(fn, nnodes, nproc, **options)])[0]
+
+
+def run_together(specs: list[JobSpec]) -> list[ScriptRun]:
+    """Run several jobs at the same time (their waits overlap), each as :func:`run_script` would."""
+    from helpers import Interrupted
+
+    started = [_start(spec) for spec in specs]
+    try:
+        while True:
+            now, busy = time.monotonic(), False
+            for job in started:
+                busy |= _still_running(job, now)
+            if not busy:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # the stop button
+        raise Interrupted(f"{specs[0].label} was interrupted; every process it started was stopped.") from None
+    finally:
+        for job in started:
+            for agent in job["agents"]:
+                agent.stop()
+    return [_finished(job) for job in started]
+
+
+def _start(spec: JobSpec) -> dict:
+    from helpers import export_script, start
 
     folder = Path(tempfile.mkdtemp(prefix="course-script-"))
     _folders.append(folder)
-    export_script(fn, folder / SCRIPT, setup=False, replace=dict(replace or {}))
+    export_script(spec.fn, folder / SCRIPT, setup=False, replace=dict(spec.replace or {}))
     (folder / "graded_run.py").write_text(WRAPPER)
     (folder / "graded_agent.py").write_text(AGENT)
+    if spec.prepare is not None:
+        spec.prepare(folder)
     port = free_port()
-    env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(max(timeout - 10, 1.0)), "PYTHONPATH": "",
-           "OMP_NUM_THREADS": "1"}
-    jobs = []
-    for node in range(nnodes):
-        rendezvous = (["--standalone"] if nnodes == 1 else
-                      [f"--nnodes={nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"])
+    env = {"COURSE_GRADING_LOG": str(folder), "COURSE_STACKS_AFTER": str(max(spec.timeout - 10, 1.0)),
+           "PYTHONPATH": "", "OMP_NUM_THREADS": "1", "HELPERS_PRESTART": "0", **dict(spec.env or {})}
+    program = ["--run-path", "--start-method=fork", str(folder / "graded_run.py")] if spec.fork else ["graded_run.py"]
+    agents = []
+    for node in range(spec.nnodes):
+        rendezvous = (["--standalone"] if spec.nnodes == 1 else
+                      [f"--nnodes={spec.nnodes}", f"--node-rank={node}", "--master-addr=127.0.0.1",
+                       f"--master-port={port}"])
         # --log-dir keeps each process's stdout, stderr and error file; --tee=3 still shows them in the output.
         logs = ["--tee=3", f"--log-dir={folder / f'logs-{node}'}"]
-        jobs.append(start([sys.executable, str(folder / "graded_agent.py"), *rendezvous, f"--nproc-per-node={nproc}",
-                           "--max-restarts=0", *logs, "graded_run.py"],
-                          cwd=folder, env={**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")},
-                          output="quiet", label=f"agent {node}"))
-    timed_out = False
-    deadline = time.monotonic() + timeout
-    try:
-        while any(job.running() for job in jobs):
-            now = time.monotonic()
-            failed = any(job.returncode not in (None, 0) for job in jobs)
-            if now >= deadline:
-                timed_out = not failed  # a stop after an agent failed is that failure's doing, not a hang
-                break
-            if failed:  # one agent failed: the others get a short grace period, not the whole timeout
-                deadline = min(deadline, now + GRACE_AFTER_FAILURE)
-            time.sleep(0.05)
-    except KeyboardInterrupt:  # the stop button
-        raise Interrupted(f"{label} was interrupted; every process it started was stopped.") from None
-    finally:
-        for job in jobs:
-            job.stop()
-    run = ScriptRun(nnodes, nproc, folder, [job.returncode for job in jobs],
-                    [f"[{job.label}] {line}" for job in jobs for line in job.lines], timed_out, timeout)
+        args = [*rendezvous, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", *logs, *program]
+        agent_env = {**env, "COURSE_AGENT_FAILURES": str(folder / f"failures-{node}.json")}
+        agents.append(start_agent(folder / "graded_agent.py", args, cwd=folder, env=agent_env, label=f"agent {node}")
+                      if spec.fork and pool_available() else  # forked from a process that imported torch once
+                      start([sys.executable, str(folder / "graded_agent.py"), *args], cwd=folder, env=agent_env,
+                            output="quiet", label=f"agent {node}"))
+    return {"spec": spec, "folder": folder, "agents": agents, "deadline": time.monotonic() + spec.timeout, "timed_out": False,
+            "done": False}
+
+
+def _still_running(job: dict, now: float) -> bool:
+    """Whether ``job`` still runs; marks it timed out (and done) at its deadline."""
+    agents = job["agents"]
+    if job["done"] or not any(agent.running() for agent in agents):
+        job["done"] = True
+        return False
+    failed = any(agent.returncode not in (None, 0) for agent in agents)
+    if now >= job["deadline"]:
+        job["timed_out"] = not failed  # a stop after an agent failed is that failure's doing, not a hang
+        job["done"] = True
+        for agent in agents:
+            agent.stop()
+        return False
+    if failed:  # one agent failed: the others get a short grace period, not the whole timeout
+        job["deadline"] = min(job["deadline"], now + GRACE_AFTER_FAILURE)
+    return True
+
+
+def _finished(job: dict) -> ScriptRun:
+    spec, folder, agents = job["spec"], job["folder"], job["agents"]
+    run = ScriptRun(spec.nnodes, spec.nproc, folder, [agent.returncode for agent in agents],
+                    [f"[{agent.label}] {line}" for agent in agents for line in agent.lines], job["timed_out"],
+                    spec.timeout)
     (folder / "output.txt").write_text("\n".join(run.output) + "\n")  # the whole job's output, for instructors
     _read_records(run)
     return run
 
 
-def cached_run(fn: Callable, nnodes: int, nproc: int, **options: Any) -> ScriptRun:
-    """:func:`run_script`, once per source of ``fn`` and shape: the parts of one exercise share a job."""
+def cached_run(fn: Callable, nnodes: int, nproc: int, *, key: Any = None, **options: Any) -> ScriptRun:
+    """:func:`run_script`, once per source of ``fn``, shape and ``key``: the parts of one exercise share a job."""
+    whole = (source_key(fn), nnodes, nproc, key)
+    if whole not in _runs:
+        _runs[whole] = run_script(fn, nnodes, nproc, **options)
+    return _runs[whole]
+
+
+def source_key(fn: Callable) -> Any:
+    """What identifies an answer between the checks of one grading: its source (or, without one, the object)."""
     try:
-        key: tuple = (inspect.getsource(fn), nnodes, nproc)
+        return inspect.getsource(fn)
     except (OSError, TypeError):
-        key = (id(fn), nnodes, nproc)
-    if key not in _runs:
-        _runs[key] = run_script(fn, nnodes, nproc, **options)
-    return _runs[key]
+        return id(fn)
+
 
 
 # -- reading what the processes wrote ------------------------------------------------------------
@@ -236,6 +302,12 @@ def _json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _attempt_of(path: Path) -> int:
+    """The attempt in a record's name: ``exit-RANK-ATTEMPT.json`` (torchrun's restart count)."""
+    tail = path.stem.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _read_records(run: ScriptRun) -> None:
@@ -249,18 +321,19 @@ def _read_records(run: ScriptRun) -> None:
             if line.strip():
                 record = json.loads(line)
                 times.setdefault(record["rank"], []).append(record[key])
-    for path in folder.glob("exit-*.json"):
+    for path in sorted(folder.glob("exit-*.json"), key=_attempt_of):  # a restarted process's last attempt counts
         record = _json(path) or {}
         if "rank" in record:
             run.exits[record["rank"]] = bool(record.get("group_alive"))
             run.threads[record["rank"]] = record.get("threads", [])
-    for path in folder.glob("stack-*.txt"):
+            run.children[record["rank"]] = record.get("children", [])
+    for path in sorted(folder.glob("stack-*.txt"), key=_attempt_of):
         stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in thread["frames"]]
                   for thread in parse_dump(path.read_text())]
         # The thread running the learner's script (the watchdog that dumps them is not it).
         mine = next((frames for frames in stacks if any(f.in_script for f in frames)), stacks[0] if stacks else [])
         if mine:
-            run.stacks[path.stem.split("-", 1)[1]] = mine
+            run.stacks[path.stem.split("-")[1]] = mine
     # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely
     # stopped by its agent because another one had failed, and one whose backend lost its connection
     # to a peer failed because that peer had gone: they come after every other failure. (A killed
@@ -299,10 +372,19 @@ def _process_logs(folder: Path, node: int, local_rank: int | None) -> Path | Non
 def _read_failures(folder: Path, node: int) -> list[Failure]:
     """What agent ``node`` recorded of its failed processes, with each one's own error record and logs."""
     failures = []
-    for record in _json(folder / f"failures-{node}.json") or []:
+    records = _json(folder / f"failures-{node}.json") or []
+    procs = folder / f"failures-{node}.json.procs"  # forked processes: every exit code the agent saw at the failure
+    if records and procs.is_file():
+        seen = {r.get("local_rank") for r in records}
+        last = [json.loads(line) for line in procs.read_text().splitlines() if line.strip()][-1]
+        base = int(records[0]["rank"]) - int(records[0]["local_rank"] or 0)
+        records += [{"rank": base + p["local_rank"], "local_rank": p["local_rank"], "exitcode": p["exitcode"],
+                     "timestamp": p["time"]} for p in last if p["local_rank"] not in seen]
+    for record in records:
         rank, local_rank = int(record.get("rank", -1)), record.get("local_rank")
         logs = _process_logs(folder, node, local_rank)
-        error_path = folder / f"error-{rank}.json"
+        errors = sorted(folder.glob(f"error-{rank}-*.json"), key=_attempt_of)
+        error_path = errors[-1] if errors else folder / f"error-{rank}-0.json"
         error = _json(error_path) or {}
         try:  # when the process wrote its error record: finer than the agent's whole seconds
             when = error_path.stat().st_mtime if error else float(record.get("timestamp") or 0)

@@ -33,7 +33,8 @@ WRAPPER = """\
 import argparse, atexit, faulthandler, json, os, runpy, sys, time, traceback
 LOG = os.environ["COURSE_GRADING_LOG"]
 RANK = os.environ.get("RANK", "?")
-_stacks = open(os.path.join(LOG, f"stack-{RANK}.txt"), "w")
+ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+_stacks = open(os.path.join(LOG, f"stack-{RANK}-{ATTEMPT}.txt"), "w")
 faulthandler.dump_traceback_later(float(os.environ["COURSE_STACKS_AFTER"]), file=_stacks)
 import torch, torch.distributed as dist
 try:  # before any process group exists: see the note on the last reference
@@ -81,6 +82,22 @@ def _kept_init_process_group(*args, **kwargs):
     _groups.append(dist.distributed_c10d._get_default_group())
     return result
 dist.init_process_group = _kept_init_process_group
+if os.environ.get("COURSE_FAULT_PLAN"):  # a fault-tolerance job: record every step, and the planned fault
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import graded_faults
+def _children():
+    me, found = str(os.getpid()), []
+    try:
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[1] == me and fields[0] not in ("Z", "X"):
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        found.append(f.read().replace(b"\\0", b" ").decode(errors="replace").strip()[:200])
+    except OSError:  # not Linux, or a process that ended while being read
+        pass
+    return found
 _finished = []
 def _finish(release):
     if _finished:
@@ -92,8 +109,9 @@ def _finish(release):
         if alive:
             dist.destroy_process_group()
         del _groups[:]  # the last references; a ProcessGroup's dealloc lets go of the GIL while gloo's threads end
-    with open(os.path.join(LOG, f"exit-{RANK}.json"), "w") as out:
-        json.dump({"rank": RANK, "group_alive": alive, "threads": _native_threads()}, out)
+    with open(os.path.join(LOG, f"exit-{RANK}-{ATTEMPT}.json"), "w") as out:
+        json.dump({"rank": RANK, "attempt": int(ATTEMPT), "group_alive": alive, "threads": _native_threads(),
+                   "children": _children()}, out)
 atexit.register(_finish, False)
 def _script():
     try:
@@ -104,11 +122,15 @@ def _script():
             frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(exc.__traceback__)]
             error.update(type=type(exc).__name__, message=str(exc)[:2000], frames=frames[-40:])
         if not (isinstance(exc, SystemExit) and exc.code in (None, 0)):
-            with open(os.path.join(LOG, f"error-{RANK}.json"), "w") as out:
+            with open(os.path.join(LOG, f"error-{RANK}-{ATTEMPT}.json"), "w") as out:
                 json.dump(error, out)
         raise
 sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")] + sys.argv[1:]
-record(_script)()
+try:  # under --start-method=fork a worker ends with os._exit, so atexit never runs: finish here
+    record(_script)()
+except BaseException:
+    _finish(False)
+    raise
 _finish(True)
 """
 
@@ -120,6 +142,23 @@ import json, os, sys
 from torch.distributed.run import main
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 sys.argv[0] = "torchrun"
+if "--run-path" in sys.argv:  # the processes are forked from this one: import once what every graded script uses
+    # (DDP's constructor imports torch._dynamo: over a second of CPU in each process otherwise)
+    import torch._dynamo, torch.distributed.checkpoint, torch.distributed.nn, torch.nn.parallel, torch.optim  # noqa
+    # torchrun reports one failed process of a forked group (the first it finds); keep every process's exit code
+    # when a failure is seen, so that the root cause is not lost behind a peer that only lost its connection.
+    import time
+    from torch.distributed.elastic.multiprocessing import api as _api
+    _poll = _api.MultiprocessContext._poll  # torch's own, private: read defensively below
+    def _kept_poll(self):
+        result = _poll(self)
+        if result is not None and result.is_failed() and getattr(self, "_pc", None) is not None:
+            codes = [{"local_rank": i, "exitcode": p.exitcode, "time": time.time()}
+                     for i, p in enumerate(self._pc.processes) if p.exitcode not in (None, 0)]
+            with open(os.environ["COURSE_AGENT_FAILURES"] + ".procs", "a") as out:
+                out.write(json.dumps(codes) + "\\n")
+        return result
+    _api.MultiprocessContext._poll = _kept_poll
 try:
     main()
 except ChildFailedError as failed:
