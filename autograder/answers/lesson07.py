@@ -26,7 +26,7 @@ def resilient_main():
     dataset = make_dataset()
     x_all, y_all = dataset.tensors
     per_rank = GLOBAL_BATCH // world_size               # the global batch stays GLOBAL_BATCH on any world size
-    steps_per_epoch = len(dataset) // GLOBAL_BATCH
+    steps_per_epoch = len(x_all) // GLOBAL_BATCH
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
     model = DDP(make_dropout_model())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
