@@ -157,7 +157,9 @@ HUB_STATE      ?= hub/run
 HUB_PROXY      := hub/.proxy/node_modules/.bin/configurable-http-proxy
 # Every learner's server runs the course's venv as that learner: the venv, and the Python it was
 # made from, must be readable by all users. $(VENV) is used when it is; otherwise (a Python under
-# /root, as pyenv installs it) a venv of its own is built from HUB_PYTHON (about a minute, once).
+# /root, as pyenv installs it) a venv of its own is built from HUB_PYTHON, once: from $(VENV)'s
+# packages when both Pythons have the same minor version (hub/venv.py, seconds), else with pip
+# (about a minute).
 HUB_PYTHON     ?= /usr/bin/python3
 HUB_VENV       ?= $(if $(shell runuser -u nobody -- $(VENV_PY) -c pass >/dev/null 2>&1 && echo yes),$(VENV),.venv-hub)
 
@@ -169,6 +171,8 @@ $(HUB_PROXY):
 	npm install --prefix hub/.proxy --no-audit --no-fund --silent configurable-http-proxy@5
 
 hub: $(HUB_PROXY)
+	@if [ "$(HUB_VENV)" != "$(VENV)" ] && [ ! -e "$(HUB_VENV)" ] && [ -e "$(STAMP)" ]; then \
+	  $(HUB_PYTHON) hub/venv.py $(VENV) $(HUB_VENV) || [ $$? = 3 ]; fi
 	@$(MAKE) --no-print-directory venv VENV=$(HUB_VENV) $(if $(filter-out $(VENV),$(HUB_VENV)),PYTHON=$(HUB_PYTHON))
 	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY)
 
