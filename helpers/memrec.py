@@ -21,7 +21,8 @@ Example::
     ...     y = (x * 2).exp()             # exp keeps its output: 1 KiB
     >>> rec.current, rec.peak
     (1024, 1024)
-    >>> del y; rec.current
+    >>> y.sum().backward()            # backward releases what it kept
+    >>> rec.current
     0
     >>> ring_bytes("all_reduce", 1000, 4), ring_bytes("all_gather_into_tensor", 250, 4)
     (1500.0, 750)
