@@ -148,12 +148,14 @@ def ring_bytes(op: str, nbytes: float, p: int) -> float:
     return (p - 1) * nbytes                           # all_gather: this rank's piece to each of the others
 
 
-def traffic(events: Iterable[Any], layout: Any, rank: int) -> dict[tuple[str, str], float]:
+def traffic(events: Iterable[Any], layout: Any, rank: int, sync: Iterable[int] = ()) -> dict[tuple[str, str], float]:
     """Bytes rank ``rank`` sent in ``events`` (its trace events), by (collective, mesh dimension), as
     :func:`ring_bytes` counts them. A collective's dimension is the one its group spans
-    (:meth:`helpers.plan.Layout.dims_of`); a send's, the one on which it differs from its peer."""
+    (:meth:`helpers.plan.Layout.dims_of`); a send's, the one on which it differs from its peer; the events
+    at the positions in ``sync`` (gradient and ZeRO exchanges) are named ``layout.grad_dim``."""
     out: dict[tuple[str, str], float] = {}
-    for e in events:
+    sync = set(sync)
+    for i, e in enumerate(events):
         kind = collective(e.op)
         if kind is None:
             continue
@@ -162,7 +164,7 @@ def traffic(events: Iterable[Any], layout: Any, rank: int) -> dict[tuple[str, st
             sent = float(e.nbytes or 0)
         else:
             group = list(e.group) if e.group else list(range(layout.world))
-            dim = layout.dims_of(group)
+            dim = layout.grad_dim if i in sync else layout.dims_of(group)
             sent = ring_bytes(e.op, e.nbytes or 0, len(group))
         if sent:
             out[(kind, dim)] = out.get((kind, dim), 0) + sent

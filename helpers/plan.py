@@ -212,10 +212,9 @@ class Layout:
 
     @property
     def grad_dim(self) -> str:
-        """The name of the group gradients are summed over: "dp", "cp" or "dp+cp" (its ranks hold the
-        same parameters and saw other tokens)."""
-        dims = [d for d in ("dp", "cp") if getattr(self, d) > 1]
-        return "+".join(dims) if dims else "dp"
+        """The name traffic plans give the group gradients are summed (and ZeRO's shards exchanged) over:
+        "dp+cp" when cp > 1 (its ranks hold the same parameters and saw other tokens), else "dp"."""
+        return "dp+cp" if self.cp > 1 else "dp"
 
     @property
     def bytes(self) -> dict[str, int]:

@@ -41,6 +41,7 @@ from .shard import LAYER_PARAMS, Shard, full_weights, local_weights, unit_names
 __all__ = ["measure", "one_process", "Measured", "batch_of", "run_rank"]
 
 LR = 1e-3
+SYNC: set[int] = set()   # positions, in this rank's trace, of its gradient and ZeRO exchanges
 
 
 def batch_of(model: Model, seed: int) -> torch.Tensor:
@@ -132,7 +133,7 @@ class Unit:
         if self.zero == 0:
             for leaf, buf in zip(self.leaves, self.grads):
                 if q > 1:
-                    dist.all_reduce(buf, group=run.shard_group)
+                    _synced(lambda: dist.all_reduce(buf, group=run.shard_group))
                 leaf.grad = buf
         elif self.zero == 1:
             for leaf, buf in zip(self.leaves, self.grads):
@@ -163,12 +164,23 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _synced(call):
+    """Run a gradient or ZeRO exchange, noting which of the rank's trace events it made (see :func:`traffic`)."""
+    from ._runtime.instrument import current
+
+    inst = current()
+    mark = len(inst.events) if inst is not None else 0
+    call()
+    if inst is not None:
+        SYNC.update(range(mark, len(inst.events)))
+
+
 def _all_gather(out, x, group):
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
+    _synced(lambda: (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group))
 
 
 def _reduce_scatter(out, x, group):
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x, group=group)
+    _synced(lambda: (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x, group=group))
 
 
 class Run:
@@ -239,6 +251,7 @@ class Run:
 def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int = 0, steps: int = 1) -> dict:
     """The rank's side of :func:`measure` (launched by it): ``steps`` steps, the last one between barriers."""
     torch.manual_seed(seed)
+    SYNC.clear()
     run = Run(model, layout, rank, seed)
     c, lay = run.coords, layout
     stage, last = c["pp"], layout.pp - 1
@@ -295,7 +308,7 @@ def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int
     memory = {"parameters": run.params.peak, "gradients": run.grads.peak, "optimizer": state,
               "activations": run.saved.peak}
     return {"memory": memory, "loss": losses[-1] if stage == last and c["tp"] == 0 else None,
-            "weights": _local_weights(run)}
+            "weights": _local_weights(run), "sync": sorted(SYNC)}
 
 
 def _order(layout: Layout, stage: int) -> list[tuple[str, int]]:
@@ -348,7 +361,8 @@ def measure(model: Model, layout: Layout, seed: int = 0, steps: int = 1, **setti
     for r in range(layout.world):
         events = result.trace.for_rank(r)
         marks = [i for i, e in enumerate(events) if e.op == "barrier"]
-        sent.append(traffic(events[marks[-2] + 1:marks[-1]], layout, r))
+        sync = [i - marks[-2] - 1 for i in result[r]["sync"]]
+        sent.append(traffic(events[marks[-2] + 1:marks[-1]], layout, r, sync))
     weights: dict[str, torch.Tensor] = {}
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     for r, reply in enumerate(result):
