@@ -11,8 +11,10 @@ and each collective is one call on one mesh dimension's group. The pieces:
   ``recompute="none"`` the core is plain torch operations that keep the probabilities instead;
 - :class:`Embedding` and :class:`CrossEntropy` are split over the vocabulary (tensor parallel):
   the embedding keeps the token ids, the loss its softmax (float32) and the targets;
-- :class:`GatherSeq`/:class:`ScatterSeq` are sequence parallelism's all-gather and reduce-scatter
-  over the ``tp`` group (each the other's backward, lesson 10), :class:`GatherKV` all-gathers keys
+- :class:`ColumnLinears` are the column-parallel linears after a norm: they all-gather the tokens over
+  ``tp`` and keep only this rank's 1/tp of them (gathered again in backward, as Megatron-LM does);
+  :class:`ScatterSeq` reduce-scatters a row-parallel linear's partial sums (all-gather in backward);
+  :class:`GatherSeq` is the plain all-gather (lesson 10), :class:`GatherKV` all-gathers keys
   and values over the ``cp`` group (reduce-scatter in backward, Llama 3's way of doing context
   parallelism), :class:`SumGrad` sums a replicated weight's gradient over ``tp``;
 - :class:`Recompute` keeps only a layer's input (and weights) and runs the layer again in backward
@@ -39,7 +41,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-__all__ = ["RMSNorm", "Attention", "plain_attention", "Embedding", "CrossEntropy", "GatherSeq", "ScatterSeq",
+__all__ = ["RMSNorm", "Attention", "plain_attention", "Embedding", "CrossEntropy", "ColumnLinears", "GatherSeq",
+           "ScatterSeq",
            "GatherKV", "SumGrad", "Recompute"]
 
 EPS = 1e-6
@@ -64,6 +67,27 @@ def _scatter_rows(x: torch.Tensor, group: Any, size: int) -> torch.Tensor:
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     scatter(out, x.contiguous(), group=group)
     return out
+
+
+class ColumnLinears(torch.autograd.Function):
+    """``x`` (this rank's 1/tp of the tokens) all-gathered over tp, times each weight: Megatron's column-parallel
+    linears under sequence parallelism. Keeps the shard, not the gathered tokens: backward gathers them again
+    (a second all-gather), and reduce-scatters the input's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, size, *weights):
+        ctx.group, ctx.size = group, size
+        ctx.save_for_backward(x, *weights)
+        whole = _gather_rows(x, group, size) if size > 1 else x
+        return tuple(whole @ w.t() for w in weights)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        whole = _gather_rows(x, ctx.group, ctx.size) if ctx.size > 1 else x
+        d_whole = sum(g @ w for g, w in zip(grads, weights))
+        d_x = _scatter_rows(d_whole, ctx.group, ctx.size) if ctx.size > 1 else d_whole
+        return (d_x, None, None, *(g.t() @ whole for g in grads))
 
 
 class GatherSeq(torch.autograd.Function):

@@ -270,6 +270,15 @@ class Layout:
         ranges = [range(getattr(self, d)) if d in varying else [here[d]] for d in DIMS]
         return sorted(self.rank_at(**dict(zip(DIMS, idx))) for idx in itertools.product(*ranges))
 
+    def extent(self, dims: str) -> tuple[int, int]:
+        """(how many ranks rank 0's group of ``dims`` has, the highest of them), without listing them."""
+        size, highest = 1, 0
+        for dim in dims.split("+") if dims else []:
+            stride = math.prod(getattr(self, d) for d in self.order[self.order.index(dim) + 1:])
+            size *= getattr(self, dim)
+            highest += stride * (getattr(self, dim) - 1)
+        return size, highest
+
     def dims_of(self, ranks: list[int]) -> str:
         """The name of the dimensions a group of ranks spans ("tp", "dp+cp"; "" for one rank)."""
         coords = [self.coords(r) for r in ranks]

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .llama import (Attention, CrossEntropy, Embedding, GatherKV, GatherSeq, Recompute, RMSNorm, ScatterSeq, SumGrad,
-                    plain_attention)
+from .llama import (Attention, ColumnLinears, CrossEntropy, Embedding, GatherKV, Recompute, RMSNorm, ScatterSeq,
+                    SumGrad, plain_attention)
 from .plan import Layout, Model
 
 __all__ = ["LAYER_PARAMS", "Shard", "full_weights", "local_weights", "unit_names", "rope_tables"]
@@ -155,13 +155,11 @@ class Shard:
         t, group = self.tp, self.tp_group
         if t > 1:                                       # the norms see 1/tp of the tokens: sum their gradients
             ln1, ln2 = SumGrad.apply(ln1, group), SumGrad.apply(ln2, group)
-        n = RMSNorm.apply(x, ln1)
-        if t > 1:
-            n = GatherSeq.apply(n, group, t)
+        q, k, v = ColumnLinears.apply(RMSNorm.apply(x, ln1), group, t, wq, wk, wv)
         T, d, g, r = self.T, self.d, self.kv_heads, self.group
-        q = _rope(F.linear(n, wq).view(b, T, g * r, d), self.cos, self.sin)
-        k = _rope(F.linear(n, wk).view(b, T, g, d), self.cos, self.sin)
-        v = F.linear(n, wv).view(b, T, g, d)
+        q = _rope(q.view(b, T, g * r, d), self.cos, self.sin)
+        k = _rope(k.view(b, T, g, d), self.cos, self.sin)
+        v = v.view(b, T, g, d)
         if self.cp > 1:                                 # every position's keys and values, from every cp rank
             k, v = GatherKV.apply(torch.stack((k, v)), self.cp_group, self.cp).unbind(0)
         q = q.permute(0, 2, 1, 3).reshape(b, g, r * T, d)          # the r query heads of each key/value head
@@ -172,20 +170,15 @@ class Shard:
             out = Attention.apply(q, k, v, self.bias, self.scale, r)
         y = F.linear(out, wo)
         x = x + (ScatterSeq.apply(y, group, t) if t > 1 else y)
-        n = RMSNorm.apply(x, ln2)
-        if t > 1:
-            n = GatherSeq.apply(n, group, t)
-        y = F.linear(F.silu(F.linear(n, w1)) * F.linear(n, w3), w2)
+        gate, up = ColumnLinears.apply(RMSNorm.apply(x, ln2), group, t, w1, w3)
+        y = F.linear(F.silu(gate) * up, w2)
         return x + (ScatterSeq.apply(y, group, t) if t > 1 else y)
 
     def head(self, norm: torch.Tensor, out: torch.Tensor, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The sum of the per-token losses of this rank's tokens (targets (b, T))."""
         if self.tp > 1:
             norm = SumGrad.apply(norm, self.tp_group)
-        n = RMSNorm.apply(x, norm)
-        if self.tp > 1:
-            n = GatherSeq.apply(n, self.tp_group, self.tp)
-        logits = F.linear(n, out)
+        (logits,) = ColumnLinears.apply(RMSNorm.apply(x, norm), self.tp_group, self.tp, out)
         return CrossEntropy.apply(logits, targets.reshape(-1), self.lo, self.tp_group, self.tp).sum()
 
     def loss(self, weights: dict[str, torch.Tensor], ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,8 @@ def _layer_activations(model: Model, layout: Layout, core: str) -> float:
     rows = layout.micro_batch * model.seq // c                  # this rank's tokens of a micro-batch
     keys = layout.micro_batch * model.seq                       # keys and values: every position (all-gathered)
     heads = model.heads // t
-    out = rows / t * (2 * h * e + 2 * st)                       # the norms' inputs and 1/rms, sequence parallel
-    out += rows * (2 * h * e + 2 * (h // t) * e + 4 * (model.ffn // t) * e)   # gathered norm outputs, q, out, MLP
+    out = rows / t * (4 * h * e + 2 * st)                       # sequence parallel: each norm's input, 1/rms, output
+    out += rows * (2 * (h // t) * e + 4 * (model.ffn // t) * e)  # q and the attention's output, the MLP's four
     out += keys * 2 * (model.kv_hidden // t) * e
     if core == "none":
         out += heads * rows * model.seq * e                     # the probabilities: its queries against every key
@@ -72,7 +72,7 @@ def plan_memory(model: Model, layout: Layout) -> list[dict[str, float]]:
         first = rows * by["index"] if stage == 0 else 0.0      # the token ids the embedding keeps
         last = 0.0
         if stage == layout.pp - 1:                              # the final norm, the head's input, the loss's softmax
-            last = rows / t * (h * by["activation"] + by["stat"]) + rows * h * by["activation"]
+            last = rows / t * (2 * h * by["activation"] + by["stat"])
             last += rows * (model.vocab // t) * by["stat"] + rows * by["index"]
         layers = layout.stage_layers(model)[stage]
         flight = layout.in_flight(stage)
@@ -108,9 +108,9 @@ def plan_traffic(model: Model, layout: Layout) -> list[dict[tuple[str, str], flo
         first, last = stage == 0, stage == layout.pp - 1
         if t > 1:
             unit = (t - 1) / t * rows * h * e                      # one all-gather or reduce-scatter of the tokens
-            passes = 4 + (2 if full else 0)
-            add("all_gather", "tp", m * (layers * passes + first + last) * unit)
-            add("reduce_scatter", "tp", m * (layers * passes + first + last) * unit)
+            again = 2 if full else 0                                # the recomputed forward gathers and scatters again
+            add("all_gather", "tp", m * (layers * (6 + again) + first + 2 * last) * unit)
+            add("reduce_scatter", "tp", m * (layers * (4 + again) + first + last) * unit)
             norms = layers * 2 * h + (h if last else 0)
             add("all_reduce", "tp", m * 2 * (t - 1) / t * (norms * by["param"] + (3 * rows * by["stat"] if last else 0)))
         if c > 1:
