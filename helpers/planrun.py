@@ -27,7 +27,7 @@ Example (two ranks of tensor parallelism, one step)::
 
 from __future__ import annotations
 
-import weakref
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,151 +36,17 @@ import torch.distributed as dist
 
 from .memrec import Peak, SavedBytes, traffic
 from .plan import CATEGORIES, Layout, Model
-from .shard import LAYER_PARAMS, Shard, full_weights, local_weights, unit_names
+from .shard import Shard, full_weights, local_weights, unit_names
+from .zero import SYNC, Unit, nbytes
 
 __all__ = ["measure", "one_process", "Measured", "batch_of", "run_rank"]
 
 LR = 1e-3
-SYNC: set[int] = set()   # positions, in this rank's trace, of its gradient and ZeRO exchanges
 
 
 def batch_of(model: Model, seed: int) -> torch.Tensor:
     """A step's token ids, (batch, seq + 1): inputs are ``[:, :-1]``, targets ``[:, 1:]``."""
     return torch.randint(0, model.vocab, (model.batch, model.seq + 1), generator=torch.Generator().manual_seed(seed + 1))
-
-
-class _Unit(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, unit, *leaves):
-        ctx.unit = unit
-        return tuple(unit.whole())
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return (None, *ctx.unit.reduce(grads))
-
-
-class Unit:
-    """One unit's parameters on this rank, held as its ZeRO stage holds them."""
-
-    def __init__(self, names: tuple[str, ...], tensors: list[torch.Tensor], run: "Run") -> None:
-        self.names, self.run, self.zero = names, run, run.layout.zero
-        q, r = run.shard_size, run.shard_rank
-        self.shapes = [t.shape for t in tensors]
-        self.cache: list[torch.Tensor] | None = None
-        if self.zero < 3:
-            self.full = tensors
-            if self.zero == 0:
-                self.leaves = [torch.nn.Parameter(t) for t in self.full]
-            else:                                     # each rank steps a view of its slice of the whole weight
-                self.leaves = [torch.nn.Parameter(t.view(-1)[r * (t.numel() // q):(r + 1) * (t.numel() // q)])
-                               for t in self.full]
-        else:
-            self.full = []
-            self.leaves = [torch.nn.Parameter(t.reshape(-1)[r * (t.numel() // q):(r + 1) * (t.numel() // q)].clone())
-                           for t in tensors]
-        self.numel = sum(t.numel() for t in tensors)
-        self.grads = [torch.zeros_like(t) for t in tensors] if self.zero < 2 else None
-
-    def whole(self) -> list[torch.Tensor]:
-        if self.zero < 3:
-            return [t.detach() for t in self.full]
-        return self.gather()
-
-    def gather(self) -> list[torch.Tensor]:
-        """The unit's weights all-gathered from the shards (ZeRO-3), noted as held until they are freed."""
-        run, out = self.run, []
-        for leaf, shape in zip(self.leaves, self.shapes):
-            whole = torch.empty(leaf.numel() * run.shard_size, dtype=leaf.dtype)
-            if run.shard_size > 1:
-                _all_gather(whole, leaf.detach(), run.shard_group)
-            else:
-                whole.copy_(leaf.detach())
-            whole = whole.view(shape)
-            run.gathered[SavedBytes.key(whole)] = (self, len(out))
-            run.params.add(_nbytes(whole))
-            weakref.finalize(whole, run.freed, SavedBytes.key(whole), _nbytes(whole))
-            out.append(whole)
-        return out
-
-    def regathered(self) -> list[torch.Tensor]:
-        if self.cache is None:
-            self.cache = self.gather()
-        return self.cache
-
-    def reduce(self, grads: tuple[torch.Tensor, ...]) -> list[torch.Tensor | None]:
-        run = self.run
-        run.grads.moment(sum(_nbytes(g) for g in grads if g is not None))
-        if self.zero < 2:
-            for buf, g in zip(self.grads, grads):
-                if g is not None:
-                    buf.add_(g)
-            return [None] * len(grads)
-        out = []
-        for leaf, g in zip(self.leaves, grads):
-            if run.shard_size > 1:
-                mine = torch.empty(leaf.numel(), dtype=leaf.dtype)
-                _reduce_scatter(mine, g.reshape(-1), run.shard_group)
-            else:
-                mine = g.reshape(-1)
-            out.append(mine)
-        self.cache = None
-        return out
-
-    def finish(self) -> None:
-        """After the last micro-batch: sum the gradients over dp x cp, ready for the optimizer."""
-        run, q, r = self.run, self.run.shard_size, self.run.shard_rank
-        if self.zero == 0:
-            for leaf, buf in zip(self.leaves, self.grads):
-                if q > 1:
-                    _synced(lambda: dist.all_reduce(buf, group=run.shard_group))
-                leaf.grad = buf
-        elif self.zero == 1:
-            for leaf, buf in zip(self.leaves, self.grads):
-                n = buf.numel() // q
-                mine = buf.view(-1)[r * n:(r + 1) * n]
-                if q > 1:
-                    out = torch.empty(n, dtype=buf.dtype)
-                    _reduce_scatter(out, buf.view(-1), run.shard_group)
-                    mine.copy_(out)
-                leaf.grad = mine
-
-    def refresh(self) -> None:
-        """After the optimizer step (ZeRO 1 and 2): every rank's updated slice into every rank's weights."""
-        if self.zero in (1, 2) and self.run.shard_size > 1:
-            for leaf, t in zip(self.leaves, self.full):
-                _all_gather(t.view(-1), leaf.detach().clone(), self.run.shard_group)
-
-    def zero_grads(self) -> None:
-        if self.grads is not None:
-            for g in self.grads:
-                g.zero_()
-        else:
-            for leaf in self.leaves:
-                leaf.grad = torch.zeros_like(leaf)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _synced(call):
-    """Run a gradient or ZeRO exchange, noting which of the rank's trace events it made (see :func:`traffic`)."""
-    from ._runtime.instrument import current
-
-    inst = current()
-    mark = len(inst.events) if inst is not None else 0
-    call()
-    if inst is not None:
-        SYNC.update(range(mark, len(inst.events)))
-
-
-def _all_gather(out, x, group):
-    _synced(lambda: (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group))
-
-
-def _reduce_scatter(out, x, group):
-    _synced(lambda: (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x, group=group))
 
 
 class Run:
@@ -210,8 +76,8 @@ class Run:
         self.units = {name: Unit(names, [weights[n] for n in names], self) for name, names in
                       unit_names(model, layout, self.coords["pp"])}
         held = [t for u in self.units.values() for t in (u.full if u.zero < 3 else u.leaves)]
-        self.params.add(sum(_nbytes(t) for t in held))
-        self.grads.add(sum(_nbytes(t) for u in self.units.values() for t in (u.grads or u.leaves)))
+        self.params.add(sum(nbytes(t) for t in held))
+        self.grads.add(sum(nbytes(t) for u in self.units.values() for t in (u.grads or u.leaves)))
         self.saved = SavedBytes(self._tokenize, self._resolve)
         self.saved.skip([*held, *self.shard.constants])
         self.optimizer = torch.optim.AdamW([p for u in self.units.values() for p in u.leaves], lr=LR, foreach=False)
@@ -232,7 +98,7 @@ class Run:
 
     def weights(self, name: str) -> list[torch.Tensor]:
         unit = self.units[name]
-        return list(_Unit.apply(unit, *unit.leaves))
+        return unit.weights()
 
     # -- one micro-batch through this stage ----------------------------------------------
 
@@ -260,9 +126,18 @@ def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int
     tokens = batch_of(model, seed)
     T = run.shard.T
     rows = (layout.micro_batch * T) // layout.tp
-    losses = []
+    losses, phases = [], []
+
+    def phase(label, start):
+        phases.append((label, start, time.perf_counter()))
+
+    from ._runtime.instrument import current
+
+    inst = current()
     for step in range(steps):
+        phases.clear()
         dist.barrier()
+        begin = len(inst.events) if inst is not None else 0
         for u in run.units.values():
             u.zero_grads()
         order = _order(layout, stage)
@@ -270,6 +145,7 @@ def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int
         sends, total = [], 0.0
         with run.saved.hooks():
             for kind, i in order:
+                began = time.perf_counter()
                 first = (i * layout.dp + c["dp"]) * layout.micro_batch
                 chunk = tokens[first:first + layout.micro_batch, c["cp"] * T:c["cp"] * T + T + 1]
                 if kind == "F":
@@ -284,6 +160,7 @@ def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int
                     else:
                         total += out.item()
                     kept[i] = (received, out)
+                    phase(f"F{i}", began)
                 else:
                     received, out = kept.pop(i)
                     if nxt is None:
@@ -295,20 +172,30 @@ def run_rank(rank: int, world_size: int, model: Model, layout: Layout, seed: int
                     if prev is not None:
                         sends.append(dist.isend(received.grad, prev))
                     del received, out
+                    phase(f"B{i}", began)
             for request in sends:
                 request.wait()
+        began = time.perf_counter()
         for u in run.units.values():
             u.finish()
+        phase("sync", began)
+        began = time.perf_counter()
         run.optimizer.step()
+        phase("optimizer", began)
+        began = time.perf_counter()
         for u in run.units.values():
             u.refresh()
+        phase("refresh", began)
         losses.append(total)
+        calls = [(e.op, list(e.group) if e.group else None, e.peer, e.nbytes, e.start, e.end, i in SYNC)
+                 for i, e in enumerate(inst.events) if i >= begin] if inst is not None else []
         dist.barrier()
     state = sum(s[k].numel() * s[k].element_size() for s in run.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
     memory = {"parameters": run.params.peak, "gradients": run.grads.peak, "optimizer": state,
               "activations": run.saved.peak}
     return {"memory": memory, "loss": losses[-1] if stage == last and c["tp"] == 0 else None,
-            "weights": _local_weights(run), "sync": sorted(SYNC)}
+            "weights": _local_weights(run), "sync": sorted(SYNC), "phases": phases,
+            "calls": calls}
 
 
 def _order(layout: Layout, stage: int) -> list[tuple[str, int]]:
@@ -339,6 +226,7 @@ class Measured:
     loss: float
     weights: dict[str, torch.Tensor] = field(repr=False)
     trace: Any = field(default=None, repr=False)
+    steps: list[dict] = field(default_factory=list, repr=False)   # per rank: the last step's phases and calls
 
     def stage_memory(self, stage: int) -> dict[str, int]:
         """The largest of each category over the ranks of ``stage``."""
@@ -375,7 +263,8 @@ def measure(model: Model, layout: Layout, seed: int = 0, steps: int = 1, **setti
         joined = [parts[t] for t in sorted(parts)]
         weights[name] = joined[0] if kind in ("ln1", "ln2", "norm") else torch.cat(joined, 1 if kind in ("wo", "w2") else 0)
     loss = sum(reply["loss"] for reply in result if reply["loss"] is not None)
-    return Measured(layout, [reply["memory"] for reply in result], sent, loss, weights, result.trace)
+    return Measured(layout, [reply["memory"] for reply in result], sent, loss, weights, result.trace,
+                    [{"phases": reply["phases"], "calls": reply["calls"]} for reply in result])
 
 
 def one_process(model: Model, seed: int = 0, steps: int = 1) -> tuple[float, dict[str, torch.Tensor]]:
