@@ -28,7 +28,7 @@ Example::
     >>> p = predict(LLAMA3_8B.with_(batch=64), Layout(dp=8, tp=8, zero=3, microbatches=8), h100_cluster(64),
     ...             plan_memory, plan_traffic, efficiency=0.6)
     >>> p.fits, round(p.mfu, 2)
-    (True, 0.4)
+    (True, 0.28)
 """
 
 from __future__ import annotations
