@@ -30,9 +30,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SavedBytes", "Peak", "ring_bytes", "collective", "traffic"]
 
@@ -84,6 +85,8 @@ class SavedBytes:
         self._skip.update(self.key(t) for t in tensors)
 
     def hooks(self) -> Any:
+        import torch
+
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _retain(self, key: int, nbytes: int) -> None:
@@ -116,7 +119,7 @@ class SavedBytes:
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _Held):
             return packed.tensor
-        if isinstance(packed, torch.Tensor):
+        if not isinstance(packed, tuple):
             return packed
         return self.resolve(packed)
 

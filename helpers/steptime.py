@@ -78,11 +78,14 @@ class Prediction:
     fits: bool
     overflow: tuple[int, int, str, float] | None = None   # (rank, stage, largest category, bytes over)
     per_stage: list[dict[str, float]] = field(default_factory=list)
+    efficiency: float = 1.0        # the share of peak FLOP/s the compute ran at (1.0: an upper bound)
 
     def summary(self) -> str:
         head = (f"step {self.step * 1e3:.1f} ms: compute {self.compute * 1e3:.2f} ms per micro-batch, exposed "
                 f"tp/cp {self.exposed_comm * 1e3:.1f} ms, bubble {self.bubble * 1e3:.1f} ms, exposed dp "
-                f"{self.exposed_dp * 1e3:.1f} ms, MFU {self.mfu:.0%}")
+                f"{self.exposed_dp * 1e3:.1f} ms, MFU {self.mfu:.0%}"
+                + (" (matmuls at peak: an upper bound)" if self.efficiency >= 1 else
+                   f" (matmuls at {self.efficiency:.0%} of peak)"))
         if self.overflow:
             rank, stage, category, over = self.overflow
             head += (f"; does not fit: rank {rank} (stage {stage}) is {over / 2**30:.1f} GiB over, "
@@ -128,4 +131,5 @@ def predict(model: Model, layout: Layout, cluster: Cluster, plan_memory: Callabl
         category = max(CATEGORIES, key=lambda k: memory[worst][k])
         overflow = (layout.stage_ranks(worst)[0], worst, category, need - cluster.memory)
     return Prediction(step, max(s["compute"] for s in stages), m * max(s["comm"] for s in stages),
-                      (pp - 1) * slot + hops, exposed_dp, mfu, memory, overflow is None, overflow, stages)
+                      (pp - 1) * slot + hops, exposed_dp, mfu, memory, overflow is None, overflow, stages,
+                      rate / cluster.flops)

@@ -65,7 +65,7 @@ __all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint"
 #: The two packages the sandbox shows read-only (learners' code and the checks import them).
 PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parents[1])
 #: Files of the autograder package hidden even though they are Python: the instructor's answers.
-HIDDEN_MODULES = ("reference.py", "reference_attention.py")
+HIDDEN_MODULES = ("reference.py", "reference_attention.py", "reference_plan.py")
 #: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")

@@ -194,16 +194,28 @@ class Job:
 
         copy = self.clean_folder / "submission.ipynb"
         nbformat.write(notebook, copy)
-        argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(self.notebook))]
-        factory_env = {**RANK_FACTORY_ENV, **warm_up(self.task.lesson, clean=True)}
+        from ..lessons.registry import sealed_modules
+        from ..lessons.sealed import environment
+
+        lesson = lesson_number(self.notebook)
+        argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson)]
+        # The instructor modules the hidden checks need, open for the clean re-grade alone (lessons/sealed.py).
+        sealed = {name: os.open(Path(__file__).resolve().parents[1] / "lessons" / f"{name}.py", os.O_RDONLY)
+                  for name in sealed_modules(lesson)}
+        factory_env = {**RANK_FACTORY_ENV, **warm_up(self.task.lesson, clean=True), **environment(sealed)}
         if self.task.sandboxed:
             argv = self.box([self.clean_folder], factory_env).wrap(argv)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **factory_env)
         env.pop("COURSE_CLEAN_RUN_DECIDES", None)
-        with (self.folder / "clean.out").open("wb") as out, (self.folder / "clean.err").open("wb") as err:
-            self.clean_started = time.monotonic()
-            self.clean_process = subprocess.Popen(argv, cwd=self.clean_folder, env=env, stdout=out, stderr=err,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            with (self.folder / "clean.out").open("wb") as out, (self.folder / "clean.err").open("wb") as err:
+                self.clean_started = time.monotonic()
+                self.clean_process = subprocess.Popen(argv, cwd=self.clean_folder, env=env, stdout=out, stderr=err,
+                                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                                      pass_fds=tuple(sealed.values()))
+        finally:
+            for fd in sealed.values():
+                os.close(fd)
 
     def finish_clean(self) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, str]:
         """Wait for the clean re-grade: (one result per part, its first line, why it stopped early or None, its log)."""

@@ -17,7 +17,7 @@ import sys
 
 from .kit import NUMBER, Exercise
 
-__all__ = ["exercise", "exercises", "warm_ranks"]
+__all__ = ["exercise", "exercises", "warm_ranks", "sealed_modules"]
 
 _LESSON_MODULE = re.compile(r"lesson(\d{2})$")
 
@@ -98,3 +98,14 @@ def warm_ranks(lesson: int, where: str) -> bool:
         raise ValueError(f"where is 'kernel' or 'checks', not {where!r}")
     modules = _lesson_modules()
     return lesson in modules and where in getattr(importlib.import_module(modules[lesson]), "WARM_RANKS", ())
+
+
+def sealed_modules(lesson: int) -> tuple[str, ...]:
+    """The instructor modules ``lesson``'s hidden checks need, handed sealed to the clean re-grade
+    (:mod:`autograder.lessons.sealed`): a lesson module's ``SEALED``, by default none.
+
+    >>> sealed_modules(4)
+    ()
+    """
+    modules = _lesson_modules()
+    return tuple(getattr(importlib.import_module(modules[lesson]), "SEALED", ())) if lesson in modules else ()

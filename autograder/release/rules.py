@@ -19,7 +19,7 @@ KEPT_MODULES = (
     "lessons/__init__", "lessons/kit", "lessons/registry", "lessons/harness", "lessons/pieces", "lessons/ringcheck",
     "lessons/gradcheck", "lessons/torchrun", "lessons/torchrun_programs", "lessons/torchrun_feedback",
     "lessons/shardcheck",
-    "lessons/tpcheck", "lessons/pipecheck", "lessons/cpcheck", "lessons/cpdata",
+    "lessons/tpcheck", "lessons/pipecheck", "lessons/cpcheck", "lessons/cpdata", "lessons/sealed", "lessons/plancheck",
     # The learner's commands: `make check` (selfcheck, reading the notebook with clean's reader)
     # and `make handin`; grading's __init__ ships with a docstring of its own (prune.GRADING_DOCSTRING).
     "grading/__init__", "grading/clean", "grading/selfcheck", "grading/handin",
