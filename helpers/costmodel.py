@@ -33,7 +33,7 @@ from typing import Sequence
 from .memrec import collective, ring_bytes
 from .plan import Link
 
-__all__ = ["steps", "seconds", "measure", "fit", "Fit", "OPS"]
+__all__ = ["steps", "seconds", "measure", "fit", "Fit", "OPS", "flop_rate"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -152,3 +152,26 @@ def fit(measured: Measured, sizes: Sequence[int] | None = None) -> Fit:
         alpha, beta = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
         links[op] = Link(f"gloo {op} on {measured.world_size} CPU ranks", max(alpha, 0.0), 1 / max(beta, 1e-15))
     return Fit(links, measured.world_size, sorted({n for _, n in measured.seconds} if sizes is None else sizes))
+
+
+def _flops_rank(rank: int, world_size: int, n: int, repeats: int) -> float:
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - began)
+    return 2 * n**3 / best
+
+
+def flop_rate(world_size: int = 4, n: int = 384, repeats: int = 9, **settings) -> float:
+    """FLOP/s one rank reaches on an n x n float32 matrix product while ``world_size`` ranks do the same (the
+    slowest rank's best try): the compute rate of this machine's CPU ranks."""
+    from .launcher import launch
+
+    settings = {"output": "quiet", "timeout": 120, **settings}
+    return min(launch(_flops_rank, world_size, (n, repeats), **settings))

@@ -6,7 +6,8 @@
   it has released it (after its backward, or when the graph is dropped). ``peak`` is the most held
   at once. Storages registered with :meth:`SavedBytes.skip` (weights, constants) are not counted;
   a ``tokenize`` function may replace a saved tensor by something that rebuilds it later (ZeRO-3's
-  gathered weights, gathered again in backward).
+  gathered weights, gathered again in backward). With ``log=True`` it lists each storage it starts counting
+  (shape, dtype, bytes): what a piece of code keeps, one line each.
 - :class:`Peak` is a running maximum of a quantity that goes up and down (parameter or gradient bytes).
 - :func:`ring_bytes` turns one traced collective into the bytes a rank sends when it runs as a ring
   (lesson 9's rule), and :func:`traffic` adds up a rank's calls of a traced step by collective and
@@ -70,8 +71,9 @@ class SavedBytes:
     """The bytes autograd keeps for backward, by distinct storage, while :meth:`hooks` is active."""
 
     def __init__(self, tokenize: Callable[[torch.Tensor], Any] | None = None,
-                 resolve: Callable[[Any], torch.Tensor] | None = None) -> None:
+                 resolve: Callable[[Any], torch.Tensor] | None = None, log: bool = False) -> None:
         self.tokenize, self.resolve = tokenize, resolve
+        self.log: list[tuple[tuple, str, int]] | None = [] if log else None   # (shape, dtype, bytes) of each storage
         self.current = self.peak = 0
         self._live: dict[int, list[int]] = {}
         self._skip: set[int] = set()
@@ -114,6 +116,8 @@ class SavedBytes:
         key = self.key(t)
         if key in self._skip:
             return t
+        if self.log is not None and key not in self._live:
+            self.log.append((tuple(t.shape), str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes()))
         return _Held(self, t, key, t.untyped_storage().nbytes())
 
     def _unpack(self, packed: Any) -> torch.Tensor:

@@ -39,7 +39,7 @@ from .plan import CATEGORIES, Layout, Model
 from .shard import Shard, full_weights, local_weights, unit_names
 from .zero import SYNC, Unit, nbytes
 
-__all__ = ["measure", "one_process", "Measured", "batch_of", "run_rank"]
+__all__ = ["measure", "one_process", "Measured", "batch_of", "run_rank", "on_gpu"]
 
 LR = 1e-3
 
@@ -279,3 +279,34 @@ def one_process(model: Model, seed: int = 0, steps: int = 1) -> tuple[float, dic
         loss.backward()
         optimizer.step()
     return loss.item(), {k: v.detach() for k, v in weights.items()}
+
+
+def on_gpu(model: Model, steps: int = 3, seed: int = 0, device: str = "cuda") -> dict[str, Any]:
+    """The whole model trained in float32 on one GPU: the last step's seconds, the peak bytes allocated during
+    it, the GPU's name and the FLOP/s it reaches on a large matrix product (TF32 as torch's default leaves it)."""
+    weights = {k: torch.nn.Parameter(v.to(device)) for k, v in full_weights(model, seed).items()}
+    shard = Shard(model, Layout(precision="fp32"), 0, device=device)
+    optimizer = torch.optim.AdamW(weights.values(), lr=LR)
+    tokens = batch_of(model, seed).to(device)
+    a = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    torch.cuda.synchronize(device)
+    rate = 5 * 2 * 4096**3 / (time.perf_counter() - began)
+    del a
+    seconds = 0.0
+    for step in range(steps):
+        if step == steps - 1:
+            torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        loss = shard.loss(weights, tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - began
+    return {"seconds": seconds, "peak": torch.cuda.max_memory_allocated(device), "flops": rate,
+            "gpu": torch.cuda.get_device_name(device), "loss": loss.item()}

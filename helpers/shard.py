@@ -110,7 +110,8 @@ class Shard:
     """Rank ``rank``'s share of ``model`` under ``layout``; ``groups`` maps "tp" and "cp" to this rank's
     process groups (none needed where the degree is 1)."""
 
-    def __init__(self, model: Model, layout: Layout, rank: int, groups: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: Model, layout: Layout, rank: int, groups: dict[str, Any] | None = None,
+                 device: str = "cpu") -> None:
         self.model, self.layout = model, layout
         self.coords = layout.coords(rank)
         self.stage = self.coords["pp"]
@@ -128,9 +129,9 @@ class Shard:
         self.lo = self.coords["tp"] * (model.vocab // self.tp)          # this rank's first vocabulary id
         first = self.coords["cp"] * self.T
         cos, sin = rope_tables(torch.arange(first, first + self.T), self.d)
-        self.cos, self.sin = cos[None, :, None, :], sin[None, :, None, :]
+        self.cos, self.sin = cos[None, :, None, :].to(device), sin[None, :, None, :].to(device)
         hidden = torch.arange(model.seq)[None, :] > torch.arange(first, first + self.T)[:, None]
-        self.bias = torch.zeros(self.T, model.seq).masked_fill(hidden, float("-inf")).repeat(self.group, 1)
+        self.bias = torch.zeros(self.T, model.seq).masked_fill(hidden, float("-inf")).repeat(self.group, 1).to(device)
         self.scale = 1 / math.sqrt(self.d)
         self.core = "plain" if layout.recompute == "none" else "fused"
 

@@ -93,7 +93,8 @@ class Timeline:
         for r in range(self.world):
             compute = self.busy(r)
             stalled = self.busy(r, kinds=("all_gather", "reduce_scatter", "all_reduce"))
-            rows.append({"rank": r, "compute": compute, "stalled": stalled, "idle": self.step - compute - stalled})
+            rows.append({"rank": r, "compute": compute, "stalled": stalled,
+                         "idle": max(0.0, self.step - compute - stalled)})
         return {"step": self.step, "ranks": rows}
 
     def to_chrome(self, path: str | Path) -> Path:
