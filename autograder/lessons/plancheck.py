@@ -71,8 +71,18 @@ def measured(seed: int, count: int) -> list[tuple[Model, Layout, Any]]:
 
     if seed not in _MEASURED:
         pick = random.Random(seed)
-        shapes = pick.sample(SHAPES[1:], count)
-        cases = [small_case(seed * 31 + i, shape) for i, shape in enumerate(shapes)]
+        # Every draw holds tensor parallelism over 4 ranks (where a ring all-reduce sends 1.5 times its tensor: over 2
+        # it sends exactly one), a pipeline under 1F1B with more micro-batches than it keeps, and ZeRO: each usual
+        # mistake changes at least one case.
+        pools = ([(1, 4, 1, 1)], [s for s in SHAPES if s[2] > 1], [s for s in SHAPES if s[0] * s[3] > 1])
+        cases = []
+        for i in range(count):
+            model, layout = small_case(seed * 31 + i, pick.choice(pools[i % 3]))
+            if i % 3 == 1:
+                layout = layout.with_(schedule="1f1b", microbatches=max(layout.microbatches, layout.pp + 1))
+            if i % 3 == 2:
+                layout = layout.with_(zero=pick.choice((1, 2, 3)))
+            cases.append((model.with_(batch=layout.sequences()), layout))
         _MEASURED.clear()
         _MEASURED[seed] = [(m, lay, measure(m, lay, seed=seed % 1000, timeout=60)) for m, lay in cases]
     return _MEASURED[seed][:count]

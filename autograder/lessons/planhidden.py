@@ -26,7 +26,7 @@ from typing import Any
 from helpers.plan import CATEGORIES, Cluster, Layout, Model, divisors, h100_cluster
 
 from .kit import Attempt, fresh_seed
-from .plancheck import (ACTIVATION_TOLERANCE, EXACT, layout_problem, learner_worker, measured, memory_hint, memory_problem,
+from .plancheck import (ACTIVATION_TOLERANCE, EXACT, gib, layout_problem, learner_worker, measured, memory_hint, memory_problem,
                         traffic_hint, traffic_problem)
 from .sealed import load
 
@@ -44,8 +44,9 @@ def reference() -> Any:
     return load("reference_plan")
 
 
-def large_case(seed: int, recompute: str | None = None) -> tuple[Model, Layout]:
-    """A Llama-like model and a layout for it (degrees that divide, ``recompute`` when given)."""
+def large_case(seed: int, recompute: str | None = None, **forced: Any) -> tuple[Model, Layout]:
+    """A Llama-like model and a layout for it (degrees that divide; ``recompute`` and the layout fields in ``forced``
+    when given)."""
     pick = random.Random(seed)
     hidden = pick.choice((2048, 3072, 4096, 5120, 8192))
     heads = hidden // 128
@@ -62,7 +63,16 @@ def large_case(seed: int, recompute: str | None = None) -> tuple[Model, Layout]:
                     micro_batch=pick.choice((1, 2)), recompute=recompute or drawn,
                     schedule=pick.choice(("1f1b", "1f1b", "gpipe")) if pp > 1 else "1f1b",
                     precision=pick.choice(("bf16", "bf16", "fp32")))
+    if forced:
+        layout = layout.with_(**forced)
+        if layout.pp > 1 and layout.microbatches < layout.pp:
+            layout = layout.with_(microbatches=2 * layout.pp)
     return model.with_(batch=layout.sequences()), layout
+
+
+#: What the first large cases of a draw are made to hold, so that each usual mistake changes at least one case:
+#: tensor parallelism, a 1F1B pipeline, context parallelism with the probabilities kept, ZeRO.
+COVER = ({"tp": 8}, {"pp": 4, "schedule": "1f1b"}, {"cp": 4, "recompute": "none"}, {"zero": 2, "dp": 8})
 
 
 def search_case(seed: int) -> tuple[Model, Cluster]:
@@ -123,9 +133,9 @@ def mistakes_memory(model: Model, layout: Layout) -> dict[str, list[dict[str, fl
 
         out[(f"the embedding and the head left whole: tensor parallelism splits both over the vocabulary, "
              f"V/tp = {model.vocab // t} rows each")] = changed(whole_vocab)
-    if layout.schedule == "1f1b" and layout.pp > 1:
+    if layout.schedule == "1f1b" and layout.microbatches > 1:
         out[("every micro-batch's activations held at once, as GPipe does; under 1F1B stage s holds at most "
-             "pp - s micro-batches")] = ref.plan_memory(model, layout.with_(schedule="gpipe"))
+             "pp - s micro-batches (one, with pp = 1: each micro-batch's backward runs before the next forward)")] = ref.plan_memory(model, layout.with_(schedule="gpipe"))
     if layout.cp > 1 and layout.recompute == "none":
         rows = layout.micro_batch * model.seq // layout.cp
         probs = model.heads // t * rows * model.seq * by["activation"]
@@ -226,8 +236,12 @@ def memory_small(attempt: Attempt) -> None:
     _small(attempt, "memory")
 
 
+def _covering(offset: int) -> list[tuple[Model, Layout]]:
+    return [large_case(_seed() + offset + i, **(COVER[i] if i < len(COVER) else {})) for i in range(LARGE)]
+
+
 def memory_large(attempt: Attempt) -> None:
-    _large(attempt, "memory", [large_case(_seed() + i) for i in range(LARGE)])
+    _large(attempt, "memory", _covering(0))
 
 
 def memory_recompute(attempt: Attempt) -> None:
@@ -240,7 +254,7 @@ def traffic_small(attempt: Attempt) -> None:
 
 
 def traffic_large(attempt: Attempt) -> None:
-    _large(attempt, "traffic", [large_case(_seed() + 200 + i) for i in range(LARGE)])
+    _large(attempt, "traffic", _covering(200))
 
 
 def _chosen(attempt: Attempt) -> list[tuple[Model, Cluster, Layout]]:
