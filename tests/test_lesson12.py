@@ -46,14 +46,25 @@ def every_microbatch(model, layout):
 
 
 def norms_split(model, layout):
-    plans = ref.plan_memory(model, layout)
-    t, q, by = layout.tp, layout.shard_group, layout.bytes
-    for s, plan in enumerate(plans):
-        norms = 2 * model.hidden * layout.stage_layers(model)[s] + (model.hidden if s == layout.pp - 1 else 0)
-        plan["parameters"] -= norms * (1 - 1 / t) * by["param"] / (q if layout.zero >= 3 else 1)
-        plan["gradients"] -= norms * (1 - 1 / t) * by["grad"] / (q if layout.zero >= 2 else 1)
-        plan["optimizer"] -= norms * (1 - 1 / t) * by["optimizer"] / (q if layout.zero >= 1 else 1)
-    return plans
+    """The norms divided by tp, the same way through every category (and the largest unit)."""
+    right, t = ref.units, layout.tp
+
+    def split(model, layout, stage):
+        out = right(model, layout, stage)
+        h = model.hidden
+        layers = layout.stage_layers(model)[stage]
+        first = 1 if stage == 0 else 0
+        for i in range(first, first + layers):
+            out[i] -= 2 * h * (1 - 1 / t)
+        if stage == layout.pp - 1:
+            out[-1] -= h * (1 - 1 / t)
+        return out
+
+    ref.units = split
+    try:
+        return ref.plan_memory(model, layout)
+    finally:
+        ref.units = right
 
 
 def probabilities_over_cp_squared(model, layout):

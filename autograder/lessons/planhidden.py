@@ -111,28 +111,20 @@ def mistakes_memory(model: Model, layout: Layout) -> dict[str, list[dict[str, fl
         return [stage_fn(s, dict(plan)) for s, plan in enumerate(right)]
 
     if t > 1:
-        norms = [2 * model.hidden * layout.stage_layers(model)[s] + (model.hidden if s == layout.pp - 1 else 0)
-                 for s in range(layout.pp)]
-        factor = {"parameters": by["param"] / (q if layout.zero >= 3 else 1),
-                  "gradients": by["grad"] / (q if layout.zero >= 2 else 1),
-                  "optimizer": by["optimizer"] / (q if layout.zero >= 1 else 1)}
-
-        def split_norms(s, plan):
-            for k, f in factor.items():
-                plan[k] -= norms[s] * (1 - 1 / t) * f
-            return plan
+        def units_with(norm_share: float, vocab_share: float):
+            def units(model: Model, layout: Layout, stage: int) -> list[int]:
+                h = model.hidden
+                layer = (2 * h * h + 2 * h * model.kv_hidden + 3 * h * model.ffn) // t + 2 * h * norm_share
+                out = [model.vocab * vocab_share * h] if stage == 0 else []
+                out += [layer] * layout.stage_layers(model)[stage]
+                return out + ([h * norm_share + model.vocab * vocab_share * h] if stage == layout.pp - 1 else [])
+            return units
 
         out[(f"the RMSNorm scales divided by tp = {t}: every tp rank holds them whole (they are h numbers each, "
-             "applied to this rank's 1/tp of the tokens, and their gradients are summed over tp)")] = changed(split_norms)
-        vocab = [model.vocab * model.hidden * ((s == 0) + (s == layout.pp - 1)) for s in range(layout.pp)]
-
-        def whole_vocab(s, plan):
-            for k, f in factor.items():
-                plan[k] += vocab[s] * (1 - 1 / t) * f
-            return plan
-
+             "applied to this rank's 1/tp of the tokens, and their gradients are summed over tp)")] = \
+            _with_units(ref, units_with(1 / t, 1 / t), model, layout)
         out[(f"the embedding and the head left whole: tensor parallelism splits both over the vocabulary, "
-             f"V/tp = {model.vocab // t} rows each")] = changed(whole_vocab)
+             f"V/tp = {model.vocab // t} rows each")] = _with_units(ref, units_with(1, 1), model, layout)
     if layout.schedule == "1f1b" and layout.microbatches > 1:
         out[("every micro-batch's activations held at once, as GPipe does; under 1F1B stage s holds at most "
              "pp - s micro-batches (one, with pp = 1: each micro-batch's backward runs before the next forward)")] = ref.plan_memory(model, layout.with_(schedule="gpipe"))
@@ -154,6 +146,16 @@ def mistakes_memory(model: Model, layout: Layout) -> dict[str, list[dict[str, fl
 
         out[f"the optimizer state counted on every rank; ZeRO-{layout.zero} keeps 1/(dp cp) of it"] = changed(whole_optimizer)
     return out
+
+
+def _with_units(ref: Any, units: Any, model: Model, layout: Layout) -> list[dict[str, float]]:
+    """The course's memory plan with another count of each stage's units (a mistake's)."""
+    right = ref.units
+    ref.units = units
+    try:
+        return ref.plan_memory(model, layout)
+    finally:
+        ref.units = right
 
 
 def memory_hint_hidden(model: Model, layout: Layout, stage: int, category: str, got: float, want: float,
@@ -244,9 +246,13 @@ def memory_large(attempt: Attempt) -> None:
     _large(attempt, "memory", _covering(0))
 
 
+#: The recomputation part's two layouts (each under the three settings): a 1F1B pipeline with tp and ZeRO, and cp with tp.
+RECOMPUTE_COVER = ({"pp": 4, "schedule": "1f1b", "zero": 1, "tp": 2}, {"cp": 4, "tp": 4})
+
+
 def memory_recompute(attempt: Attempt) -> None:
-    _large(attempt, "memory", [large_case(_seed() + 100 + i, recompute=r) for i in range(RECOMPUTE_BASES)
-                               for r in ("none", "selective", "full")])
+    _large(attempt, "memory", [large_case(_seed() + 100 + i, recompute=r, **RECOMPUTE_COVER[i])
+                               for i in range(RECOMPUTE_BASES) for r in ("none", "selective", "full")])
 
 
 def traffic_small(attempt: Attempt) -> None:

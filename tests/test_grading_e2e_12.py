@@ -1,0 +1,88 @@
+"""Lesson 12 graded end to end with the real nbgrader: planners and layout searches, right and wrong.
+
+A temporary copy of the course receives four learners' versions of lesson 12 and is graded with
+`python -m autograder grade`, the instructor's command, in the sandbox where the course's planner file is hidden:
+the hidden checks get it sealed (autograder/lessons/sealed.py). Each learner after the first packs one change per
+exercise, a line or two away from the answer, so that few submissions cover many parts:
+
+- amy hands in the instructor's three answers;
+- cid holds every micro-batch's activations under 1F1B (12.1), counts an all-reduce's tensor once where a ring
+  sends 2(p - 1)/p of it (12.2), and leaves 12.3 as the stub;
+- dee divides the RMSNorm scales by tp (12.1), counts tensor parallelism's forward collectives only (12.2), and
+  chooses a layout of twice the cluster's GPUs (12.3);
+- eli writes right answers of other shapes (a tuple of dicts of whole numbers, keys in another order; a traffic
+  plan that lists zero-byte entries) and a search that picks the slowest layout that fits (12.3).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _grading import variant
+from devtools.scratch import solution_source
+
+pytestmark = pytest.mark.slow  # every test reads the graded class
+
+LESSON = "12-planning-a-run"
+MEMORY, TRAFFIC, LAYOUT = "ex12_1-plan-memory", "ex12_2-plan-traffic", "ex12_3-choose-layout"
+
+EVERY_MICROBATCH = (("flight = layout.in_flight(stage)", "flight = layout.microbatches"),)
+NORMS_SPLIT = (("+ 2 * h   # the norms stay whole", "+ 2 * h // t"),
+               ("[h + model.vocab // t * h] * last", "[h // t + model.vocab // t * h] * last"))
+ALL_REDUCE_ONCE = (('add("all_reduce", "tp", m * 2 * (t - 1) / t * (', 'add("all_reduce", "tp", m * ('),)
+TP_FORWARD_ONLY = (("(layers * (6 + 2 * again) + first + 2 * last)", "(layers * (3 + again) + first + 2 * last)"),
+                   ("(layers * (4 + 2 * again) + first + last)", "(layers * (2 + again) + first + last)"))
+TWICE_THE_GPUS = (("    return best[1]", "    return best[1].with_(dp=2 * best[1].dp)"),)
+OTHER_SHAPES = (('        plans.append({"parameters": parameters, "gradients": gradients, "optimizer": optimizer, '
+                 '"activations": acts})\n    return plans',
+                 '        plans.append({"activations": round(acts), "optimizer": round(optimizer), '
+                 '"gradients": round(gradients), "parameters": round(parameters)})\n    return tuple(plans)'),)
+ZERO_ENTRIES = (("        plans.append(sent)", "        sent.setdefault((\"all_reduce\", \"pp\"), 0)\n        plans.append(sent)"),)
+SLOWEST = (("p.fits and (best is None or p.step < best[0])", "p.fits and (best is None or p.step > best[0])"),)
+
+HANDED_IN = {LESSON: {
+    "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (MEMORY, TRAFFIC, LAYOUT)},
+    "cid": {MEMORY: variant(LESSON, MEMORY, *EVERY_MICROBATCH), TRAFFIC: variant(LESSON, TRAFFIC, *ALL_REDUCE_ONCE)},
+    "dee": {MEMORY: variant(LESSON, MEMORY, *NORMS_SPLIT), TRAFFIC: variant(LESSON, TRAFFIC, *TP_FORWARD_ONLY),
+            LAYOUT: variant(LESSON, LAYOUT, *TWICE_THE_GPUS)},
+    "eli": {MEMORY: variant(LESSON, MEMORY, *OTHER_SHAPES), TRAFFIC: variant(LESSON, TRAFFIC, *ZERO_ENTRIES),
+            LAYOUT: variant(LESSON, LAYOUT, *SLOWEST)},
+}}
+
+
+def _lose(graded_lesson, student: str, *parts: str) -> None:
+    assert graded_lesson.scores(student) == {**graded_lesson.points, **dict.fromkeys(parts, 0)}
+
+
+def test_the_instructors_answers_earn_full_marks(graded_lesson):
+    """Do the instructor's three answers, handed in as a learner's, earn every point, the hidden checks comparing with
+    the course's planner that the sandbox hides from the learner's code?"""
+    assert graded_lesson.scores("amy") == graded_lesson.points
+
+
+def test_every_micro_batch_and_an_all_reduce_counted_once_lose_their_exercises(graded_lesson):
+    """Does holding every micro-batch under 1F1B lose all of 12.1 and an all-reduce counted once all of 12.2, each
+    named, and the untouched 12.3 lose both parts, saying it still raises NotImplementedError?"""
+    _lose(graded_lesson, "cid", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large",
+          "12.3/fits", "12.3/fast")
+    graded_lesson.check_feedback("cid", "pp - s micro-batches", "2(p-1)/p", "still raises NotImplementedError")
+
+
+def test_split_norms_forward_only_traffic_and_twice_the_gpus_are_named(graded_lesson):
+    """Do norms divided by tp lose 12.1, tp's forward collectives alone lose 12.2, and a layout of twice the cluster's
+    GPUs lose 12.3, each with the sentence that names it?"""
+    _lose(graded_lesson, "dee", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large",
+          "12.3/fits", "12.3/fast")
+    graded_lesson.check_feedback("dee", "holds them whole", "mirror in backward", "use all of them")
+
+
+def test_other_shapes_earn_full_marks_and_the_slowest_layout_loses_fast_alone(graded_lesson):
+    """Do a memory plan of tuples and whole numbers and a traffic plan with zero-byte entries earn 12.1 and 12.2, and a
+    search that picks the slowest layout that fits lose 12.3's fast part alone, naming the course search's best?"""
+    _lose(graded_lesson, "eli", "12.3/fast")
+    graded_lesson.check_feedback("eli", "search finds")
+
+
+def test_grading_run_records_every_learner(graded_lesson):
+    """Does the run record hold every learner of lesson 12, each graded without an error?"""
+    graded_lesson.check_every_learner_graded()
