@@ -174,12 +174,15 @@ def test_learner_project_files_follow_the_main_ones(release):
 
 
 def test_no_solution_text_reaches_the_release(release):
-    """Is no file of solutions/, no reference.py, no nbgrader markup and no line of a solution
-    (longer than 30 characters, not shown in the learner notebooks) anywhere in the release?"""
+    """Is no file of solutions/, no instructor's answer (reference*.py) or hidden check (planhidden.py), no nbgrader
+    markup and no line of a solution (longer than 30 characters, not shown in the learner notebooks) anywhere in the
+    release?"""
     texts = {name: (release / name).read_text(errors="replace") for name in _files(release)}
     instructor_only = {p.read_bytes() for p in (ROOT / "solutions").rglob("*") if p.is_file()}
-    instructor_only.add((ROOT / "autograder" / "lessons" / "reference.py").read_bytes())
-    assert not [n for n in texts if (release / n).read_bytes() in instructor_only or n.endswith("reference.py")]
+    lessons = ROOT / "autograder" / "lessons"
+    instructor_only |= {p.read_bytes() for p in [*lessons.glob("reference*.py"), lessons / "planhidden.py"]}
+    assert not [n for n in texts if (release / n).read_bytes() in instructor_only
+                or n.rsplit("/", 1)[-1].startswith("reference") or n.endswith("planhidden.py")]
     assert not [(n, m) for n, t in texts.items() for m in MARKUP if m in t]
     shown = {line.strip() for p in _course_notebooks()
              for c in json.loads(p.read_text())["cells"] for line in "".join(c["source"]).splitlines()}

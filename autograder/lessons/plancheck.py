@@ -183,10 +183,10 @@ def memory_hint(model: Model, layout: Layout, stage: int, category: str, got: fl
         return (" Under ZeRO-3 a unit (the embedding, a layer, the head) is gathered whole while it computes: add the "
                 "largest unit of the stage, whole, to the shards.")
     if category == "activations" and layout.schedule == "1f1b" and m > layout.in_flight(stage) and got > want:
-        flight = layout.in_flight(stage)
-        if _close(got * flight / m, want, ACTIVATION_TOLERANCE):
+        most = layout.in_flight(stage)
+        if _close(got * most / m, want, ACTIVATION_TOLERANCE):
             return (f" That is {m} micro-batches' activations; under 1F1B stage {stage} of {layout.pp} holds at most "
-                    f"pp - stage = {flight} at once (a backward frees one before the next forward starts).")
+                    f"pp - stage = {most} at once (a backward frees one before the next forward starts).")
     if category == "activations" and got < want and layout.recompute == "full":
         return (" Under full recomputation the peak comes while a layer is recomputed in backward: every layer's "
                 "input kept, plus that one layer's activations rebuilt.")
