@@ -56,7 +56,10 @@ def seconds(op: str, p: int, nbytes: float, link: Link) -> float:
 
 
 def _time_rank(rank: int, world_size: int, ops: list[str], sizes: list[int], repeats: int, best: bool) -> dict:
-    """On a rank: the slowest rank's fastest (or median) seconds of each collective at each size (bytes of the whole tensor)."""
+    """On a rank: the slowest rank's fastest (or median) seconds of each collective at each size (bytes of the whole
+    tensor). The (collective, size) pairs are visited ``repeats`` times, each time in a new order (the same on every
+    rank), so that a burst of other work on the machine spoils a few tries of many pairs, not every try of one."""
+    import random
     import time
 
     import torch
@@ -64,25 +67,25 @@ def _time_rank(rank: int, world_size: int, ops: list[str], sizes: list[int], rep
 
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    out = {}
-    for op in ops:
-        for n in sizes:
-            whole = torch.ones(n // 4)
-            piece = torch.ones(n // 4 // world_size)
-            call = {"all_reduce": lambda: dist.all_reduce(whole),
-                    "all_gather": lambda: gather(whole, piece),
-                    "reduce_scatter": lambda: scatter(piece, whole)}[op]
-            times = []
-            for i in range(repeats + 1):
-                dist.barrier()
-                start = time.perf_counter()
-                call()
-                took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-                dist.all_reduce(took, op=dist.ReduceOp.MAX)
-                if i:
-                    times.append(took.item())
-            out[(op, n)] = min(times) if best else statistics.median(times)
-    return out
+    tensors = {n: (torch.ones(n // 4), torch.ones(n // 4 // world_size)) for n in sizes}
+    calls = {"all_reduce": lambda whole, piece: dist.all_reduce(whole),
+             "all_gather": lambda whole, piece: gather(whole, piece),
+             "reduce_scatter": lambda whole, piece: scatter(piece, whole)}
+    pairs = [(op, n) for op in ops for n in sizes]
+    times: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
+    for op, n in pairs:                                  # one untimed call each: connections and buffers warm
+        calls[op](*tensors[n])
+    order = random.Random(0)
+    for _ in range(repeats):
+        order.shuffle(pairs)
+        for op, n in pairs:
+            dist.barrier()
+            start = time.perf_counter()
+            calls[op](*tensors[n])
+            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            times[(op, n)].append(took.item())
+    return {pair: min(t) if best else statistics.median(t) for pair, t in times.items()}
 
 
 @dataclass
@@ -103,12 +106,12 @@ class Measured:
         return out
 
 
-def measure(sizes: Sequence[int], world_size: int = 2, ops: Sequence[str] = OPS, repeats: int = 7, best: bool = True,
+def measure(sizes: Sequence[int], world_size: int = 2, ops: Sequence[str] = OPS, repeats: int = 15, best: bool = True,
             **settings) -> Measured:
     """Time each of ``ops`` on ``world_size`` fresh ranks at each size (bytes of the whole tensor).
 
-    Each try is the slowest rank's time; a size's time is the fastest try (``best``) or their median. On a
-    shared machine the fastest try is the one the fewest other processes got in the way of."""
+    Each try is the slowest rank's time; a size's time is the fastest of ``repeats`` tries (``best``) or their median.
+    On a shared machine the fastest try is the one the fewest other processes got in the way of."""
     from .launcher import launch
 
     settings = {"output": "quiet", "timeout": 300, **settings}
