@@ -9,7 +9,9 @@ exercise, a line or two away from the answer, so that few submissions cover many
 - cid holds every micro-batch's activations under 1F1B (12.1), counts an all-reduce's tensor once where a ring
   sends 2(p - 1)/p of it (12.2), and leaves 12.3 as the stub;
 - dee divides the RMSNorm scales by tp (12.1), counts tensor parallelism's forward collectives only (12.2), and
-  chooses a layout of twice the cluster's GPUs (12.3);
+  for 12.3 tries to borrow the course's own choice: importing the planner, reading its file, or any open descriptor
+  of a file that holds it; none is reachable from the ranks the answer runs on, so the fallback, a layout of twice
+  the cluster's GPUs, is what gets graded;
 - eli writes right answers of other shapes (a tuple of dicts of whole numbers, keys in another order; a traffic
   plan that lists zero-byte entries) and a search that picks the slowest layout that fits (12.3).
 """
@@ -32,7 +34,39 @@ NORMS_SPLIT = (("+ 2 * h   # the norms stay whole", "+ 2 * h // t"),
 ALL_REDUCE_ONCE = (('add("all_reduce", "tp", m * 2 * (t - 1) / t * (', 'add("all_reduce", "tp", m * ('),)
 TP_FORWARD_ONLY = (("(layers * (6 + 2 * again) + first + 2 * last)", "(layers * (3 + again) + first + 2 * last)"),
                    ("(layers * (4 + 2 * again) + first + last)", "(layers * (2 + again) + first + last)"))
-TWICE_THE_GPUS = (("    return best[1]", "    return best[1].with_(dp=2 * best[1].dp)"),)
+BORROWS = '''# Exercise 12.3: choose a layout
+def choose_layout(model, cluster):
+    """The course's own choice, if anything here can reach it; else every GPU twice over."""
+    import importlib
+    import os
+    import stat
+
+    try:
+        return importlib.import_module("autograder.lessons.reference_plan").choose_layout(model, cluster)
+    except ImportError:
+        pass
+    import autograder.lessons as lessons
+
+    places = [os.path.join(lessons.__path__[0], "reference_plan.py")]
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:    # every process this one can see, the grader's too
+        try:
+            places += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            pass
+    for place in places:
+        try:
+            if not stat.S_ISREG(os.stat(place).st_mode):
+                continue
+            with open(place, "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if b"def choose_layout" in text:
+            found = {"__name__": "borrowed"}
+            exec(compile(text, "borrowed", "exec"), found)
+            return found["choose_layout"](model, cluster)
+    return Layout(dp=2 * cluster.gpus, micro_batch=max(1, model.batch // (2 * cluster.gpus)), precision="bf16")
+'''
 OTHER_SHAPES = (('        plans.append({"parameters": parameters, "gradients": gradients, "optimizer": optimizer, '
                  '"activations": acts})\n    return plans',
                  '        plans.append({"activations": round(acts), "optimizer": round(optimizer), '
@@ -44,7 +78,7 @@ HANDED_IN = {LESSON: {
     "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (MEMORY, TRAFFIC, LAYOUT)},
     "cid": {MEMORY: variant(LESSON, MEMORY, *EVERY_MICROBATCH), TRAFFIC: variant(LESSON, TRAFFIC, *ALL_REDUCE_ONCE)},
     "dee": {MEMORY: variant(LESSON, MEMORY, *NORMS_SPLIT), TRAFFIC: variant(LESSON, TRAFFIC, *TP_FORWARD_ONLY),
-            LAYOUT: variant(LESSON, LAYOUT, *TWICE_THE_GPUS)},
+            LAYOUT: BORROWS},
     "eli": {MEMORY: variant(LESSON, MEMORY, *OTHER_SHAPES), TRAFFIC: variant(LESSON, TRAFFIC, *ZERO_ENTRIES),
             LAYOUT: variant(LESSON, LAYOUT, *SLOWEST)},
 }}
@@ -68,9 +102,10 @@ def test_every_micro_batch_and_an_all_reduce_counted_once_lose_their_exercises(g
     graded_lesson.check_feedback("cid", "pp - s micro-batches", "2(p-1)/p", "still raises NotImplementedError")
 
 
-def test_split_norms_forward_only_traffic_and_twice_the_gpus_are_named(graded_lesson):
-    """Do norms divided by tp lose 12.1, tp's forward collectives alone lose 12.2, and a layout of twice the cluster's
-    GPUs lose 12.3, each with the sentence that names it?"""
+def test_split_norms_forward_only_traffic_are_named_and_the_course_planner_cannot_be_borrowed(graded_lesson):
+    """Do norms divided by tp lose 12.1 and tp's forward collectives alone lose 12.2, each named; and does an answer that
+    tries to import, read or find an open descriptor of the course's planner find none of them (the sealed planner
+    reaches the clean re-grade alone), so that its fallback, twice the GPUs, loses 12.3 with that named?"""
     _lose(graded_lesson, "dee", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large",
           "12.3/fits", "12.3/fast")
     graded_lesson.check_feedback("dee", "holds them whole", "mirror in backward", "use all of them")

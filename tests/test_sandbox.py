@@ -75,7 +75,7 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         import helpers, autograder.lessons.kit
         out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
                "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
-        for name in ("reference", "reference_attention"):
+        for name in ("reference", "reference_attention", "reference_plan"):
             try:
                 __import__("autograder.lessons." + name)
                 out[name] = "imported"
@@ -89,7 +89,8 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         print(json.dumps(out))
     """)
     assert got["course"] == [], got
-    assert got["reference"] == got["reference_attention"] == "missing" and got["reference_file"] == "unreadable", got
+    assert got["reference"] == got["reference_attention"] == got["reference_plan"] == "missing", got
+    assert got["reference_file"] == "unreadable", got
     assert "solutions" not in got["repo"] and "tests" not in got["repo"], got  # only the two packages are shown
     assert not any(name.startswith(".") and name not in (".venv", ".pyenv") for name in got["home"]), got
 
