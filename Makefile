@@ -13,7 +13,7 @@
 #   COMPAT_TESTS, COMPAT_VENV  what `make test-compat` runs, and where its venv lives
 #   RELEASE_DIR where `make release` writes the learner course (and RELEASE_DIR.tar.gz)
 #   RELEASE_ARGS extra arguments for the release, e.g. --allow-colab-placeholder for a draft
-#               built before REPOSITORY (autograder/course/colab.py) is set
+#               built before REPOSITORY (autograder/notebooks/colab.py) is set
 #   SITE=1      `make release` also builds the course website into RELEASE_DIR-site (and .tar.gz)
 #   SITE_DIR, OFFLINE  where `make site` writes the website; OFFLINE=1 builds it from the cache only
 

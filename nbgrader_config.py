@@ -11,7 +11,7 @@ The course id and the work folders are set here so that the standard nbgrader co
 
 import os
 
-from autograder.course.preprocessors import CODE_STUB, SANITIZE
+from autograder.notebooks.preprocessors import CODE_STUB, SANITIZE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,12 +44,12 @@ c.OverwriteCells.enabled = True
 c.CheckCellMetadata.enabled = True
 
 # Exercise stubs: what a learner sees in place of the solution (the text is defined once,
-# in autograder/course/preprocessors.py, which then makes each stub name its exercise).
+# in autograder/notebooks/preprocessors.py, which then makes each stub name its exercise).
 c.ClearSolutions.code_stub = {"python": CODE_STUB}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # A learner who deletes a graded or read-only cell gets it back, where it was, and graded
-# (autograder/course/preprocessors.py); OverwriteCells then restores edited read-only cells.
+# (autograder/notebooks/preprocessors.py); OverwriteCells then restores edited read-only cells.
 c.Autograde.sanitize_preprocessors = list(SANITIZE)
 
 # A flood of output from a learner's cell is cut, not stored in the feedback.
@@ -57,14 +57,14 @@ c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60
 
 # Stubs name their exercise, and every learner notebook starts with the Colab badge and
-# set-up cell (see autograder/course/preprocessors.py and autograder/course/colab.py).
+# set-up cell (see autograder/notebooks/preprocessors.py and autograder/notebooks/colab.py).
 c.GenerateAssignment.preprocessors = [
-    "autograder.course.preprocessors.AddColabCells",
+    "autograder.notebooks.preprocessors.AddColabCells",
     "nbgrader.preprocessors.IncludeHeaderFooter",
     "nbgrader.preprocessors.InstantiateTests",
     "nbgrader.preprocessors.LockCells",
     "nbgrader.preprocessors.ClearSolutions",
-    "autograder.course.preprocessors.NameExerciseStubs",
+    "autograder.notebooks.preprocessors.NameExerciseStubs",
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.CheckCellMetadata",
     "nbgrader.preprocessors.ComputeChecksums",

@@ -1,19 +1,24 @@
-"""Instructor-side tools: the graded exercises, nbgrader preprocessors and the grading workflow.
+"""The course's graded exercises, and the tools to check and hand them in.
 
-- :mod:`autograder.lessons.kit` declares every graded exercise as one object (number, function,
-  parts with their points, switched-off calls, self-check); notebook cells reach one with
-  ``from autograder import exercise`` and ``exercise("4.4").grade(ring_allreduce, "correct")``.
-- ``autograder.lessons.lessonNN`` holds each lesson's exercises (a tuple ``EXERCISES``).
-- :mod:`autograder.lessons.harness` runs a learner's function on fresh ranks and tells a wrong
-  answer (:class:`~autograder.lessons.harness.GradingFailure`) from a broken check
-  (:class:`~autograder.lessons.harness.CheckError`).
-- :mod:`autograder.course.preprocessors` adds what nbgrader lacks (stubs that name their exercise,
-  deleted cells put back).
-- ``python -m autograder`` (see :mod:`autograder.__main__`) runs the instructor workflow:
-  :mod:`autograder.grading.grade` grades a class, each submission in the bubblewrap sandbox of
-  :mod:`autograder.grading.sandbox` and re-graded from its definitions alone by
-  :mod:`autograder.grading.clean`, then :mod:`autograder.grading.summary` sums the class up;
-  :mod:`autograder.release` builds the learner distribution.
+Notebook cells reach an exercise by its number and run its visible self-check on fresh ranks,
+with the rules the grading uses::
+
+    from autograder import exercise
+    exercise("4.4").self_check(ring_allreduce)
+
+The package is arranged by who gets it. Learners get (``make release`` copies them whole):
+
+- :mod:`autograder.kit`: the exercise kit (:class:`~autograder.kit.exercise.Exercise`, the harness
+  that runs a learner's function on fresh ranks, the registry that finds ``"4.4"``);
+- :mod:`autograder.lessons`: every lesson's declarations (``lessonNN.py``), self-checks and checkers;
+- :mod:`autograder.learner`: ``make check`` and ``make handin``;
+- ``paths.py``: where the course is.
+
+Only the instructor has :mod:`autograder.hidden` (the check of every graded part, which the
+notebooks' hidden test cells run), :mod:`autograder.answers` (the instructor's answers),
+:mod:`autograder.grading` (``make grade``), :mod:`autograder.notebooks` (``make course``),
+:mod:`autograder.release` and :mod:`autograder.site`, with ``python -m autograder`` as their
+command line. Nothing learners get imports any of them.
 
 Importing this package is cheap: ``exercise`` and ``exercises`` load the kit (and torch)
 on first use, so nbgrader's preprocessors can import it without starting ranks.
@@ -34,7 +39,7 @@ __all__ = ["exercise", "exercises"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from .lessons import registry
+        from .kit import registry
 
         return getattr(registry, name)
     raise AttributeError(f"module 'autograder' has no attribute {name!r}")

@@ -18,7 +18,7 @@
   release [--allow-colab-placeholder] [DIR]
                    build the learner distribution (course, helpers, self-checks; no answers,
                    no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;
-                   refused while REPOSITORY in autograder/course/colab.py is the placeholder,
+                   refused while REPOSITORY in autograder/notebooks/colab.py is the placeholder,
                    unless the flag asks for a draft (its README says Colab does not work)
   site [--offline] [--lessons LESSON..] [DIR]
                    build the learner course as a static website into DIR, default dist/site:
@@ -29,7 +29,7 @@
 
 import sys
 
-from .course.build import main as course_main
+from .notebooks.generate import main as course_main
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
 
         return release_main(argv[1:])
     if argv[0] == "site":
-        from .site.build import main as site_main
+        from .site.website import main as site_main
 
         return site_main(argv[1:])
     print(f"unknown command {argv[0]!r}\n{__doc__}")

@@ -138,7 +138,7 @@ def main() -> int:
               f"{sum(secs) / max(1, len(secs)):>26.1f}")
     cheat = next((s for s in base["record"]["submissions"] if s["student"].startswith("cheat")), None)
     if cheat is not None:  # the fifth learner: a smaller class has none
-        patched = any("autograder.lessons.kit" in line for line in cheat["left_out"])
+        patched = any("autograder.kit.exercise" in line for line in cheat["left_out"])
         print(f"\n  the cheat earned {cheat['score']:g}: its patch of the grading ran in its own kernel, where no part "
               f"is decided, and was {'left out of' if patched else 'KEPT IN'} the fresh process that decided (the "
               f"honest built-in all_reduce answer earns the same: the cheat gains nothing)")

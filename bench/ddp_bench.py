@@ -2,7 +2,7 @@
 
 Run: ``make bench-ddp`` or ``.venv/bin/python bench/ddp_bench.py [--steps 30] [--rounds 3] [--json PATH]``
 
-Lesson 06's section 10, with the instructor's MiniDDP (autograder/lessons/reference.py): the same
+Lesson 06's section 10, with the instructor's MiniDDP (autograder/answers/): the same
 model (8 Linear layers of 512x512, 8 MB of gradients), batch 128 per rank, 2 ranks on gloo,
 one thread per rank. Four ways, taking turns round after round so that a busy moment of
 the machine hits them alike; each way's figure is the best round's median step of the
@@ -39,7 +39,8 @@ def time_steps(rank: int, world_size: int, how: str, steps: int) -> float:
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from autograder.lessons.reference import MiniDDP, average_gradients
+    from autograder.answers.lesson05 import average_gradients
+    from autograder.answers.lesson06 import MiniDDP
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -17,7 +17,10 @@ the feedback page; and the score:
   (Exercise 4.4) where every rank receives first, or where the last rank crashes.
 
 Targets on 2 cores (issue 24): the median of a lesson's submissions, all stages, at most
-12 s (30 s for lesson 07, whose checks run real ``torchrun`` jobs); the deadlock and crash
+12 s (30 s for lesson 07, whose checks run seven real ``torchrun`` jobs: 7.1's two agents of two
+processes and one agent of three, and 7.2's five, each one agent whose processes are forked from it:
+4 processes without a fault, 4 with one killed at a step, 4 with one killed while writing a checkpoint,
+and the first one's checkpoint resumed on 2 and on 3); the deadlock and crash
 kinds at most twice the solution's; no cell near nbgrader's per-cell timeout (90 s here).
 """
 
@@ -36,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import machine_line  # noqa: E402
 
-from autograder.course.build import lessons  # noqa: E402
+from autograder.notebooks.generate import lessons  # noqa: E402
 from devtools.scratch import RING_ANSWERS, course_copy, run_instructor_command, solution_source, submission  # noqa: E402
 
 CELL_TIMEOUT = 90.0

@@ -76,7 +76,7 @@ def sample(pids: list[int]) -> tuple[dict[int, float], int, int]:
 def idle_server(seconds: float = 5.0) -> dict:
     """An idle ``jupyter server`` from the course's venv: its memory after it answered."""
     from _servers import get
-    from devtools.ports import free_port
+    from helpers._runtime.spec import free_port
 
     port = free_port()
     with tempfile.TemporaryDirectory() as home:

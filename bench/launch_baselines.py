@@ -76,7 +76,7 @@ def measure_spawn(world_sizes: list[int], repeats: int, fn: Callable[[int, int],
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from devtools.ports import free_port
+    from helpers._runtime.spec import free_port
 
     out = {}
     for n in world_sizes:

@@ -5,7 +5,7 @@ How to run it (from the repository root)::
     make bench
     .venv/bin/python bench/launch_bench.py [--repeats N] [--json PATH]
 
-Other options: ``--cold-repeats N`` (default 3), ``--spawn-repeats N`` (default 5),
+Other options: ``--cold-repeats N`` (default 3), ``--notebook-repeats N`` (default 3), ``--spawn-repeats N`` (default 5),
 ``--torchrun-repeats N`` (default 3), ``--no-baselines`` (skip mp.spawn and torchrun).
 Run it on an otherwise idle machine and run only one benchmark at a time: the numbers
 are wall-clock times, so anything else using the CPU shows up in them. The load average
@@ -15,13 +15,18 @@ What is measured, for world sizes 2 and 4, always launching the same trivial fun
 (one ``dist.all_reduce`` of a 1-element tensor, returning a float):
 
 - cold: the first ``launch`` in a fresh Python process. A new interpreter
-  (``sys.executable -c ...``) records the time, runs ``import helpers`` (which starts the
-  rank factory in the background), then ``launch(fn, n, output="quiet")`` once.
+  (``sys.executable -c ...``) records the time, runs ``import helpers`` (which starts no
+  process there: it is no notebook), then ``launch(fn, n, output="quiet")`` once, which
+  starts the rank factory and waits for it.
   (a) seconds from before ``import helpers`` to the launch returning -- the number the
   target applies to; (b) seconds for the whole subprocess as the parent sees it,
   interpreter start and exit (factory shutdown) included. The subprocess does not import
   torch itself; whether torch ended up imported in it is reported.
-- warm: repeated ``launch(fn, n, output="quiet")`` in this process after a warm-up launch.
+- notebook: a lesson's first launch in a fresh Jupyter kernel (:mod:`devtools.kernel`). The
+  set-up cell as the lessons write it (``import torch, torch.distributed as dist`` and
+  ``from helpers import launch``), then at once the cell with the first launch: the seconds
+  each cell takes, as the notebook sees them. No reading time between the two, so a rank
+  factory started by the set-up is least ahead: the worst case of a notebook's first launch.- warm: repeated ``launch(fn, n, output="quiet")`` in this process after a warm-up launch.
 - baselines: ``torch.multiprocessing.spawn`` of the same function (gloo, a fresh loopback
   port each time, ``destroy_process_group`` at the end), and ``torchrun``
   (``python -m torch.distributed.run --standalone``) of a small script doing the same,
@@ -40,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -111,15 +115,12 @@ def allreduce_once(rank: int, world_size: int) -> float:
 
 def measure_cold(n: int, repeats: int) -> dict:
     code = _COLD_CODE.format(root=str(ROOT), n=n)
-    env = dict(os.environ)
-    env.pop("HELPERS_PRESTART", None)  # measure the default: the factory starts on import
     launch_s, process_s, import_s, runs = [], [], [], []
     for i in range(repeats):
         start = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-c", code],
             cwd=str(ROOT),
-            env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -148,6 +149,54 @@ def measure_cold(n: int, repeats: int) -> dict:
         "torch_imported_after_launch": any(r["torch_imported_after_launch"] for r in runs),
         "helpers_file": runs[-1]["helpers_file"],
     }
+
+
+_NOTEBOOK_SETUP = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch, torch.distributed as dist
+    from helpers import launch
+    """
+)
+_NOTEBOOK_LAUNCH = textwrap.dedent(
+    """
+    def allreduce_once(rank, world_size):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    result = launch(allreduce_once, {n}, output="quiet")
+    """
+)
+
+
+def measure_notebook(n: int, repeats: int) -> dict:
+    """The set-up cell, then the first launch, each in a fresh kernel; seconds per cell."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from devtools.kernel import start_kernel
+
+    setup_s, launch_s, files = [], [], set()
+    for i in range(repeats):
+        kernel = start_kernel()
+        try:
+            cells = [kernel.execute(_NOTEBOOK_SETUP.format(root=str(ROOT)), timeout=180),
+                     kernel.execute(_NOTEBOOK_LAUNCH.format(n=n), timeout=180)]
+            failed = [c for c in cells if c["error"] is not None or c["status"] != "ok"]
+            if failed:
+                raise RuntimeError(f"a notebook cell failed (world size {n}, run {i + 1}): {failed[0]['error']}\n"
+                                   f"{failed[0]['stderr']}")
+            result, helpers_file = kernel.value("(result, __import__('helpers').__file__)")
+        finally:
+            kernel.close()
+        if result != [float(n)] * n:
+            raise RuntimeError(f"the notebook's launch returned {result}, expected {[float(n)] * n}")
+        setup_s.append(cells[0]["seconds"])
+        launch_s.append(cells[1]["seconds"])
+        files.add(helpers_file)
+        say(f"  notebook n={n} run {i + 1}/{repeats}: set-up {setup_s[-1]:.3f} s, first launch {launch_s[-1]:.3f} s")
+    return {"setup_s": stats(setup_s), "first_launch_s": stats(launch_s), "helpers_file": sorted(files)}
 
 
 def measure_warm(repeats: int) -> tuple[dict, dict]:
@@ -188,16 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20, help="warm launches per world size (default 20)")
     parser.add_argument("--cold-repeats", type=int, default=3, help="fresh subprocesses per world size (default 3)")
+    parser.add_argument("--notebook-repeats", type=int, default=3, help="fresh kernels per world size (default 3)")
     parser.add_argument("--spawn-repeats", type=int, default=5, help="mp.spawn runs per world size (default 5)")
     parser.add_argument("--torchrun-repeats", type=int, default=3, help="torchrun runs per world size (default 3)")
     parser.add_argument("--no-baselines", action="store_true", help="skip mp.spawn and torchrun")
-    args = parse_args(parser, argv, [(name, 1) for name in ("repeats", "cold_repeats", "spawn_repeats", "torchrun_repeats")])
+    args = parse_args(parser, argv, [(name, 1) for name in ("repeats", "cold_repeats", "notebook_repeats", "spawn_repeats",
+                                                            "torchrun_repeats")])
 
     data: dict = {"machine": machine(), "load_before": loadavg()}
     data["settings"] = {
         "world_sizes": list(WORLD_SIZES),
         "repeats": args.repeats,
         "cold_repeats": args.cold_repeats,
+        "notebook_repeats": args.notebook_repeats,
         "spawn_repeats": None if args.no_baselines else args.spawn_repeats,
         "torchrun_repeats": None if args.no_baselines else args.torchrun_repeats,
         "baselines": not args.no_baselines,
@@ -208,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     watch = CpuWatch()
     with watch.phase("cold"):
         results["cold"] = {str(n): measure_cold(n, args.cold_repeats) for n in WORLD_SIZES}
+    with watch.phase("notebook"):
+        results["notebook"] = {str(n): measure_notebook(n, args.notebook_repeats) for n in WORLD_SIZES}
     with watch.phase("warm"):
         results["warm"], data["warm_info"] = measure_warm(args.repeats)
     if args.no_baselines:

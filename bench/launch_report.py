@@ -97,6 +97,9 @@ def render(data: dict) -> str:
     cold = r["cold"]
     row("cold (a) import helpers -> return", {k: v["launch_s"] for k, v in cold.items()})
     row("cold (b) whole subprocess", {k: v["process_s"] for k, v in cold.items()})
+    notebook = r.get("notebook") or {}
+    row("notebook: set-up cell", {k: v["setup_s"] for k, v in notebook.items()})
+    row("notebook: first launch cell", {k: v["first_launch_s"] for k, v in notebook.items()})
     row("warm launch", r["warm"])
     row("torch.multiprocessing.spawn", r.get("spawn"))
     row("torchrun --standalone", r.get("torchrun"))

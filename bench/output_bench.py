@@ -17,7 +17,7 @@ Counted over all cells: the lines expected, those in their own cell, those missi
 and of those, the ones that showed up in a later cell (misplaced) or never (lost).
 
 - ``--load K`` keeps K busy processes running beside the kernel for the whole run (plain
-  Python loops, started and ended by this script, by their process ids): the kernel then
+  Python loops, :mod:`devtools.load`, the soak's too, ended by their process group ids): the kernel then
   competes for the CPU as on a busy laptop, and a rank can print and reply between the
   kernel's wake-up and its read. Default: as many as there are cores.
 - ``--slow-poll S`` widens that gap to S seconds on purpose (:mod:`devtools.slowpoll`);
@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,8 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # this checkout's helpers and devtools
     sys.path.insert(0, str(ROOT))
 
-BUSY_LOOP = "while True:\n    pass\n"
-
+from devtools.load import start_load, stop_load  # noqa: E402 - once ROOT is on sys.path
 
 def targets(i: int, world_size: int) -> list[int]:
     """The ranks cell ``i`` runs on: every rank, then each one alone, in turn.
@@ -55,20 +52,6 @@ def targets(i: int, world_size: int) -> list[int]:
     """
     k = i % (world_size + 1)
     return list(range(world_size)) if k == 0 else [k - 1]
-
-
-def start_load(k: int) -> list[subprocess.Popen]:
-    """``k`` busy processes, each in a session of its own (ended by :func:`stop_load`)."""
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(k)]
-
-
-def stop_load(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def run_cells(cells: int, world_size: int, slow_poll: float, settle: float) -> dict:

@@ -5,7 +5,7 @@ Run: ``.venv/bin/python bench/plan_bench.py [--random N] [--fits N] [--notebook]
 1. **Memory**: every layout lesson 12's notebook trains on CPU ranks (:data:`LESSON_LAYOUTS`), and ``--random``
    more drawn as the graded checks draw them (:func:`autograder.lessons.plancheck.small_case`), each measured with
    :func:`helpers.planrun.measure`; for every rank and category, the course's planner
-   (``autograder/lessons/reference_plan.py``) against the measurement. Target: within 5% (issue 44).
+   (``autograder/answers/lesson12.py``) against the measurement. Target: within 5% (issue 44).
    Traffic is compared too (the planner's bytes against the trace's).
 2. **Collectives**: ``--fits`` times, gloo's all-reduce, all-gather and reduce-scatter on 2 ranks, timed at 5 sizes
    (64 KiB to 16 MiB) and fitted (:mod:`helpers.costmodel`), then checked on 4 sizes between them that the fit never
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import machine_line  # noqa: E402
 
-from autograder.lessons import reference_plan as ref  # noqa: E402
+from autograder.answers import lesson12 as ref  # noqa: E402
 from autograder.lessons.plancheck import small_case  # noqa: E402
 from helpers.plan import CATEGORIES, Layout, Model  # noqa: E402
 

@@ -10,7 +10,7 @@ noise and what a call leaves behind for the next fall on all of them alike:
 
 - ``gloo``: ``dist.all_reduce``;
 - ``ring``: the plain ring, the answer to Exercise 4.4 that learners write in lesson 4
-  (``autograder/lessons/reference.py``), which posts each receive only when it needs the data and
+  (``autograder/answers/``), which posts each receive only when it needs the data and
   sends chunks whole: the baseline;
 - ``ahead``: ``helpers.ring.pipelined_ring_allreduce(t, piece_bytes=None)``, the same
   ring with the receives of the next two steps posted early (whole chunks);
@@ -83,7 +83,7 @@ def _time_kinds(rank: int, world_size: int, sizes: list[int], repeats: int, piec
 
     import torch
     import torch.distributed as dist
-    from autograder.lessons.reference import ring_allreduce
+    from autograder.answers.lesson04 import ring_allreduce
 
     from helpers.ring import pipelined_ring_allreduce
 

@@ -4,7 +4,7 @@ Run: ``make bench-trace`` or ``.venv/bin/python bench/trace_bench.py [--size BYT
 
 Every rank wraps torch.distributed's calls so that a hang can be explained (a "board"
 entry per call) and, with ``trace=True``, records an event per call. This script times
-the instructor's reference ring all-reduce (autograder/lessons/reference.py) at 1 MB in three
+the instructor's reference ring all-reduce (autograder/answers/) at 1 MB in three
 modes, switched inside the same ranks from one call to the next (in shuffled order), so
 that the machine's noise falls on all three alike:
 
@@ -48,7 +48,7 @@ def _time_modes(rank, world_size, nbytes, repeats, seed):
 
     import torch
     import torch.distributed as dist
-    from autograder.lessons.reference import ring_allreduce
+    from autograder.answers.lesson04 import ring_allreduce
 
     from helpers._runtime.instrument import current
 

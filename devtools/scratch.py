@@ -39,7 +39,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder.course.build import ROOT, tool_env
+from autograder.notebooks.generate import tool_env
+from autograder.paths import ROOT
 
 __all__ = ["course_copy", "submission", "run_instructor_command", "sandbox_flags", "solution_source", "hand_in", "layout", "scores", "feedback",
            "RING_ANSWERS", "GRADER_PATCH"]
@@ -85,9 +86,9 @@ RING_ANSWERS = {
 #: every hidden test cell after it passes there. The clean re-grade must not be fooled.
 GRADER_PATCH = '''
 
-import autograder.lessons.kit
-autograder.lessons.kit.Exercise.grade = lambda self, fn, part: None          # every hidden test now "passes" here,
-autograder.lessons.kit.Exercise.self_check = lambda self, fn, **options: None  # and so does every self-check
+import autograder.kit.exercise
+autograder.kit.exercise.Exercise.grade = lambda self, fn, part: None          # every hidden test now "passes" here,
+autograder.kit.exercise.Exercise.self_check = lambda self, fn, **options: None  # and so does every self-check
 '''
 
 
@@ -180,7 +181,7 @@ def layout(lesson: str, *numbers: str) -> tuple[dict[str, str], dict[str, float]
     when the notebook's graded cells and the declared parts disagree.
     """
     from autograder import exercise, exercises
-    from autograder.course.cells import graded_cells, lesson_number
+    from autograder.notebooks.cells import graded_cells, lesson_number
 
     notebook = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
     numbers = numbers or tuple(ex.number for ex in exercises(lesson_number(notebook)))
@@ -198,7 +199,7 @@ def scores(root: Path, lesson: str, cells: dict[str, str], student: str) -> dict
     """The points nbgrader gave ``student`` for each part of ``lesson``, in the course copy at ``root``.
 
     ``cells`` maps each graded cell's grade_id to its part's name (see
-    :func:`autograder.course.cells.graded_cells`); the result maps part names to scores.
+    :func:`autograder.notebooks.cells.graded_cells`); the result maps part names to scores.
     """
     from nbgrader.api import Gradebook
 

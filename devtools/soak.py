@@ -21,7 +21,7 @@ The groups (``--groups``, comma-separated; all by default):
 
 Each run's pytest output goes to ``OUT/GROUP-RUN.log``; a summary table is printed and written
 to ``OUT/summary.json``. The exit code is 1 if any run failed. The busy processes are plain
-Python loops, started and ended here by their process ids.
+Python loops (:mod:`devtools.load`), ended by their process group ids.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from .load import start_load, stop_load
+
 __all__ = ["GROUPS", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,22 +49,6 @@ GROUPS: dict[str, list[str]] = {
     "grading": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_grading_e2e*.py")),
     "hub": ["tests/test_hub.py"],
 }
-
-BUSY_LOOP = "while True:\n    pass\n"
-
-
-def _busy(k: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(k)]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
 
 def _summary_line(log: str) -> str:
     """pytest's last line ('== 5 passed in 12.3s =='), or the last line it printed."""
@@ -111,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: {args.runs} runs of {', '.join(groups)}, {args.load} busy processes beside; logs in {out}/",
           flush=True)
-    load = _busy(args.load)
+    load = start_load(args.load)
     records: list[dict] = []
     started = time.monotonic()
     try:
         for name in groups:
             records += run_group(name, args.runs, out, args.pytest_args)
     finally:
-        _stop(load)
+        stop_load(load)
     print()
     for name in groups:
         mine = [r for r in records if r["group"] == name]

@@ -21,15 +21,19 @@
 - :func:`machine_info` says what this machine offers (CPUs, GPUs, backends).
 - :func:`shutdown` stops the background process that starts ranks (it restarts on demand).
 
-Importing this package starts that background process right away, so that the first
-launch does not wait for ``import torch``. Set ``HELPERS_PRESTART=0`` to start it lazily.
+Importing this package starts no process. The background process that starts ranks (the
+rank factory, which imports torch once) starts with the first launch, ``Cluster`` or
+``%%distributed`` cell, or ahead of it where a notebook will want it: in a notebook kernel
+(any IPython shell), once the cell that imported helpers has run, and at ``%load_ext
+helpers``. So a notebook's first launch does not wait for ``import torch``, and a script,
+a grading worker or a test that imports helpers starts nothing it does not use.
 """
 
 from __future__ import annotations
 
-import os
+import sys
 
-from ._runtime.factory import get_factory as _get_factory
+from ._runtime import factory as _factory
 from ._runtime.factory import shutdown_factory as shutdown
 from .backend import machine_info
 from .commands import CommandFailedError, CommandTimeoutError, Job, run, start
@@ -82,10 +86,12 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext helpers`` registers ``%dist_start``, ``%%distributed`` and friends."""
+    """``%load_ext helpers`` registers ``%dist_start``, ``%%distributed`` and friends, and starts the rank factory
+    in the background (the ranks of the first ``%%distributed`` cell are forked from it)."""
     from .magics import load_ipython_extension as load
 
     load(ipython)
+    _factory.start_ahead()
 
 
 def unload_ipython_extension(ipython):
@@ -93,8 +99,14 @@ def unload_ipython_extension(ipython):
 
     unload(ipython)
 
-if os.environ.get("HELPERS_PRESTART", "1") != "0":
-    try:
-        _get_factory(wait=False)
-    except OSError:  # starting it later will raise a clear error if it really cannot start
-        pass
+
+def _start_ahead_in_a_notebook() -> None:
+    """In a notebook kernel, the cell that imports helpers is the lesson's set-up: have the kernel start the rank
+    factory once that cell has run, so that the first launch finds torch imported. Anywhere else, nothing."""
+    ipython = sys.modules.get("IPython")  # never imported here: a process without it is no notebook kernel
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        _factory.start_after_cell(shell)
+
+
+_start_ahead_in_a_notebook()

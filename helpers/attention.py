@@ -47,26 +47,36 @@ _SDPA = ("aten._scaled_dot_product",)
 
 
 class TensorRecorder:
-    """A ``TorchDispatchMode`` that notes, while it is active, the largest tensor torch operations create and the
-    attention scores computed.
+    """A ``TorchDispatchMode`` that notes, while it is active, the largest tensor torch operations create, the
+    memory they hold at once, and the attention scores computed.
 
     ``largest`` is ``(bytes, shape, op)`` of the largest tensor an operation returned that is not a view of
     another; ``scores`` the number of scores computed: the elements of every matrix product that contracts over
     the head width ``d`` (q k^T; p v contracts over keys), and L x S per head of a fused attention call.
-    With a ``limit`` (bytes), ``first_over`` is the first such tensor larger than it, as ``largest`` words it.
+    With a ``limit``, ``first_over`` is the first such tensor larger than it, as ``(size, shape, op)``: sizes in
+    bytes, or, with ``itemsize``, in numbers of that many bytes (a floating-point tensor counts its elements
+    whatever its precision, any other tensor, a boolean mask say, its bytes / ``itemsize``).
+    ``live`` and ``peak_live`` are the bytes of storage that tensors created while the recorder is active hold
+    now, and held at the most at one moment (a storage counts once, however many tensors share it, until the
+    last of them is freed); tensors that existed before count nothing.
 
     >>> import torch
+    >>> q, k = torch.ones(2, 4, 3), torch.ones(2, 3, 5)     # made before: they count nothing
     >>> with TensorRecorder(d=3) as rec:
-    ...     s = torch.ones(2, 4, 3) @ torch.ones(2, 3, 5)
-    >>> rec.largest[:2], rec.scores
-    ((160, (2, 4, 5)), 40)
+    ...     s = q @ k
+    ...     t = s * 2
+    ...     del s, t
+    >>> rec.largest[:2], rec.scores, rec.peak_live, rec.live
+    ((160, (2, 4, 5)), 40, 320, 0)
     """
 
-    def __init__(self, d: int, limit: int | None = None) -> None:
-        self.d, self.limit = d, limit
+    def __init__(self, d: int, limit: int | None = None, *, itemsize: int | None = None) -> None:
+        self.d, self.limit, self.itemsize = d, limit, itemsize
         self.largest: tuple[int, tuple, str] = (0, (), "")
         self.first_over: tuple[int, tuple, str] | None = None
         self.scores = 0
+        self.live = self.peak_live = 0
+        self._storages: dict[int, list[int]] = {}  # storage address -> [bytes, tensors alive on it]
         self._mode = None
 
     def __enter__(self) -> "TensorRecorder":
@@ -87,20 +97,33 @@ class TensorRecorder:
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
 
+    def _size(self, t) -> int:
+        """What ``t`` counts against the limit: bytes, or numbers when an ``itemsize`` was given."""
+        if self.itemsize is None:
+            return t.numel() * t.element_size()
+        if t.is_floating_point() or t.is_complex():
+            return t.numel()
+        return -(-t.numel() * t.element_size() // self.itemsize)
+
     def _note(self, func, args, out) -> None:
         import torch
         from torch.utils._pytree import tree_flatten
 
         name = str(func)
         if not getattr(func, "is_view", False):
+            schema = getattr(func, "_schema", None)  # an operator's declared returns: in-place ones alias an input
+            fresh = schema is None or not any(getattr(r, "alias_info", None) is not None for r in schema.returns)
             for t in tree_flatten(out)[0]:
                 if not isinstance(t, torch.Tensor):
                     continue
                 size = t.numel() * t.element_size()
                 if size > self.largest[0]:
                     self.largest = (size, tuple(t.shape), name)
-                if self.limit is not None and self.first_over is None and size > self.limit:
-                    self.first_over = (size, tuple(t.shape), name)
+                counted = self._size(t)
+                if self.limit is not None and self.first_over is None and counted > self.limit:
+                    self.first_over = (counted, tuple(t.shape), name)
+                if fresh and t.numel():
+                    self._hold(t)
         if name.startswith(_MATMULS):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             first = tensors[-2] if name.startswith(("aten.addmm.", "aten.baddbmm.")) else tensors[0]
@@ -109,3 +132,26 @@ class TensorRecorder:
         elif name.startswith(_SDPA):
             q, k = args[0], args[1]
             self.scores += math.prod(q.shape[:-1]) * k.shape[-2]
+
+    def _hold(self, t) -> None:
+        """Count ``t``'s storage as live until the last tensor this recorder saw on it is freed."""
+        import weakref
+
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        entry = self._storages.get(key)
+        if entry is None:
+            entry = self._storages[key] = [storage.nbytes(), 0]
+            self.live += entry[0]
+            self.peak_live = max(self.peak_live, self.live)
+        entry[1] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        entry = self._storages.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._storages[key]
+            self.live -= entry[0]

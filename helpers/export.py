@@ -55,6 +55,21 @@ def _names_used(source: str) -> list[str]:
     return list(seen)
 
 
+def _locals(source: str) -> set[str]:
+    r"""Names the definitions in ``source`` bind for themselves: arguments and names assigned (Python makes a name
+    assigned anywhere in a function local to it), less those declared ``global``.
+
+    >>> sorted(_locals("def f(a):\n    start = 0\n    for i in range(start): print(i)"))
+    ['a', 'i', 'start']
+    """
+    tree = ast.parse(source)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+              for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+    declared = {name for n in ast.walk(tree) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    return bound - declared
+
+
 def _source(obj: Any) -> str:
     try:
         return textwrap.dedent(inspect.getsource(obj))
@@ -91,6 +106,7 @@ class _Writer:
                     break
         defined_here = {n.name for n in ast.walk(ast.parse(source))
                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        defined_here |= _locals(source)  # a local that shares a notebook global's name is not that global
         for used in _names_used(source):
             if used in defined_here or (used not in scope and used not in self.replace):
                 continue  # a local, an argument, or a builtin

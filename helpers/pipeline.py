@@ -145,7 +145,8 @@ class Stage:
 
         inputs, out, grad = self._ready_for_backward(microbatch, grad, f"{self._name}'s backward({microbatch}, ...)")
         start = time.perf_counter()
-        torch.autograd.backward(out, grad)
+        if out.requires_grad:  # a first stage whose parameters are all frozen has nothing to differentiate
+            torch.autograd.backward(out, grad)
         del self._saved[microbatch]  # the activations are freed: this is what 1F1B saves
         self._backwarded.add(microbatch)
         self._note("backward", microbatch, start)

@@ -13,7 +13,7 @@ starting layout and says that the controls need a live notebook.
 Example::
 
     >>> from helpers.plan import LLAMA3_8B, Layout, h100_cluster
-    >>> from autograder.lessons.reference_plan import plan_memory, plan_traffic
+    >>> from autograder.answers.lesson12 import plan_memory, plan_traffic
     >>> fig = draw(LLAMA3_8B.with_(batch=64), Layout(dp=8, tp=8, zero=3, microbatches=8), h100_cluster(64),
     ...            plan_memory, plan_traffic)
     >>> "fits" in fig.axes[0].get_title()

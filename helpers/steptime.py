@@ -24,7 +24,7 @@ between nodes; ``links`` replaces that with one link per collective (a fit of th
 Example::
 
     >>> from helpers.plan import LLAMA3_8B, Layout, h100_cluster
-    >>> from autograder.lessons.reference_plan import plan_memory, plan_traffic
+    >>> from autograder.answers.lesson12 import plan_memory, plan_traffic
     >>> p = predict(LLAMA3_8B.with_(batch=64), Layout(dp=8, tp=8, zero=3, microbatches=8), h100_cluster(64),
     ...             plan_memory, plan_traffic, efficiency=0.6)
     >>> p.fits, round(p.mfu, 2)

@@ -61,7 +61,6 @@ def _environment(spawner):
     base = {
         "PATH": VENV_BIN + os.pathsep + "/usr/local/bin:/usr/bin:/bin",  # nbgrader runs `alembic` by name
         "COURSE_EXCHANGE": env["COURSE_HUB_EXCHANGE"],
-        "HELPERS_PRESTART": env.get("HELPERS_PRESTART", "1"),
     }
     if spawner.user.name == INSTRUCTOR:
         # VENV: `make collect` and `make grade` in the instructor's terminals use the venv the hub runs.

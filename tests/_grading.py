@@ -89,7 +89,7 @@ class GradedLesson:
 
         text = html.unescape(re.sub(r"<[^>]+>", "", self.feedback(student)))
         lesson_module = f"lesson{self.lesson[:2]}.py"
-        frames = [name for name in ("kit.py", "harness.py", "gradcheck.py", "ringcheck.py", lesson_module) if name in text]
+        frames = [name for name in ("exercise.py", "harness.py", "gradcheck.py", "ringcheck.py", lesson_module) if name in text]
         # A traceback shown for an error: IPython's header ("GradingFailure    Traceback (most recent call last)")
         # or Python's own at the start of a line. A docstring's doctest that a lesson cell prints (indented) is not one.
         frames += re.findall(r"(?m)^(?:\w+[ \t]+)?Traceback \(most recent call last\)", text)

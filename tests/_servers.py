@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Mapping
 
-from devtools.ports import free_port
+from helpers._runtime.spec import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "course-test-token"

@@ -8,6 +8,7 @@ themselves.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,7 @@ else:
             module = nodeid.split("::", 1)[0]
             return worker_group(Path(module).stem)
 
+    @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` leaves the hook unknown: then it is not called
     def pytest_xdist_make_scheduler(config, log):
         config.option.loadscopereorder = False  # keep LONG_FIRST's order
         return _GroupScheduling(config, log)
@@ -205,6 +207,67 @@ def make_kernel():
     yield start
     for kernel in kernels:
         kernel.close()
+
+
+# --------------------------------------------------------------------------- a browser
+
+#: Debian's chromium, which Playwright drives (no browser is downloaded), and how it is started.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+SECONDS = 1000  # Playwright counts in milliseconds
+
+
+def why_no_chromium() -> str:
+    """Why chromium is not there, and how to get it on this machine."""
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        how = "run `apt-get update && apt-get install -y chromium` (.ci/run does it)"
+        return f"chromium is not installed at {CHROMIUM}: {how}"
+    return (f"chromium is not installed at {CHROMIUM} and this user cannot install it: "
+            "run `sudo apt-get install chromium`")
+
+
+def no_browser(reason: str):
+    """Skip the test for ``reason``; fail it instead under ``COURSE_REQUIRE_BROWSER=1`` (CI, once it installed one)."""
+    if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"COURSE_REQUIRE_BROWSER=1, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless chromium for the module, driven by Playwright; Playwright's expectations wait up to 30 s (another
+    test run may share the cores: wait, but boundedly)."""
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        no_browser("the playwright package is not installed: run `make venv` (it is in the test extra)")
+    if not os.path.exists(CHROMIUM):
+        no_browser(why_no_chromium())
+    expect.set_options(timeout=30 * SECONDS)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(request):
+    """The folder for screenshots: $BROWSER_SCREENSHOTS or browser-screenshots/ in the repository."""
+    folder = Path(os.environ.get("BROWSER_SCREENSHOTS") or ROOT / "browser-screenshots").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+    # Say where they are even when the tests pass (pytest captures a fixture's output).
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            print(f"\nbrowser screenshots: {folder}")
+    else:
+        print(f"browser screenshots: {folder}")
 
 
 # --------------------------------------------------------------------------- one graded class

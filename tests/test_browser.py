@@ -33,17 +33,11 @@ from pathlib import Path
 import pytest
 
 from _servers import ROOT, TOKEN, group_alive, start, stop
-from conftest import descendants_of, describe_pids, is_gone, wait_until
+from conftest import SECONDS, descendants_of, describe_pids, is_gone, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 COURSE = ROOT / "course"
-SECONDS = 1000  # Playwright counts in milliseconds
 # Where a lesson's set-up ends: the first code cell that imports the helpers package.
 IMPORTS_HELPERS = re.compile(r"^\s*(from\s+helpers\b|import\s+helpers\b|%load_ext\s+helpers\b)", re.M)
 STDERR_MIME = "application/vnd.jupyter.stderr"
@@ -76,20 +70,6 @@ def code_notebook(*sources: str) -> dict:
         "cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
                   for s in sources],
     }
-
-
-def _why_no_chromium() -> str:
-    if shutil.which("apt-get") and os.geteuid() == 0:
-        how = "run `apt-get update && apt-get install -y chromium` (.ci/run does it)"
-        return f"chromium is not installed at {CHROMIUM}: {how}"
-    return (f"chromium is not installed at {CHROMIUM} and this user cannot install it: "
-            "run `sudo apt-get install chromium`")
-
-
-def _no_browser(reason: str):
-    if os.environ.get("COURSE_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"COURSE_REQUIRE_BROWSER=1, but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 # --------------------------------------------------------------------------- the lab and the browser
@@ -234,24 +214,6 @@ class LabPage:
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """One headless Debian chromium for the module, driven by Playwright."""
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        _no_browser("the playwright package is not installed: run `make venv` (it is in the test extra)")
-    if not os.path.exists(CHROMIUM):
-        _no_browser(_why_no_chromium())
-    expect.set_options(timeout=30 * SECONDS)  # another test run may share the 2 cores: wait, but boundedly
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture(scope="module")
 def workdir():
     path = Path(tempfile.mkdtemp(prefix="course-browser-"))
     yield path
@@ -275,21 +237,6 @@ def scratch(lab):
     if lab.proc.poll() is None:
         lab.end_sessions(folder.name + "/")
     shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def shots(request):
-    """The folder for screenshots: $BROWSER_SCREENSHOTS or browser-screenshots/ in the repository."""
-    folder = Path(os.environ.get("BROWSER_SCREENSHOTS") or ROOT / "browser-screenshots").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    yield folder
-    # Say where they are even when the tests pass (pytest captures a fixture's output).
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
-            print(f"\nbrowser screenshots: {folder}")
-    else:
-        print(f"browser screenshots: {folder}")
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import autograder.lessons.kit
-from autograder.grading.clean import define, exercise_code, exercise_code_from_cells
-from autograder.lessons.registry import exercises
+import autograder.kit.exercise
+from autograder.learner.definitions import define, exercise_code, exercise_code_from_cells
+from autograder.kit.registry import exercises
 from devtools.scratch import GRADER_PATCH, RING_ANSWERS
+from autograder.hidden import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
@@ -45,15 +46,15 @@ def test_every_exercise_function_is_defined_from_the_solution_notebook(notebook)
 
 def test_the_grader_patch_is_left_out_and_named():
     """Are the lines that replace the course's grading left out, named in what was left out, and is the grading untouched?"""
-    grade = autograder.lessons.kit.Exercise.grade
+    grade = autograder.kit.exercise.Exercise.grade
     answer = RING_ANSWERS["built_in"] + GRADER_PATCH
     kept, left_out = _kept_source(["import torch.distributed as dist", answer])
-    assert "def ring_allreduce" in kept and "import autograder.lessons.kit" in kept
+    assert "def ring_allreduce" in kept and "import autograder.kit.exercise" in kept
     assert "Exercise.grade" not in kept
-    assert any("autograder.lessons.kit.Exercise.grade = lambda" in line for line in left_out), left_out
+    assert any("autograder.kit.exercise.Exercise.grade = lambda" in line for line in left_out), left_out
     code, _ = exercise_code_from_cells(["import torch.distributed as dist", answer])
     namespace, _ = define(code)
-    assert autograder.lessons.kit.Exercise.grade is grade
+    assert autograder.kit.exercise.Exercise.grade is grade
     assert callable(namespace["ring_allreduce"])
 
 
@@ -68,7 +69,7 @@ def test_the_grader_patch_is_left_out_and_named():
     ("class A(metaclass=type):\n    pass", "metaclass"),
     ("class A:\n    x = print('ran')", "calls or computes"),
     ("import os\nos.environ['X'] = '1'", ""),
-    ("import autograder.lessons.harness\nsetattr(autograder.lessons.harness, 'run_ranks', None)", ""),
+    ("import autograder.kit.harness\nsetattr(autograder.kit.harness, 'run_ranks', None)", ""),
     ("for i in range(3):\n    pass", ""),
     ("X = [print(i) for i in range(3)]", "calls or computes"),
 ])
@@ -122,8 +123,8 @@ def test_a_rank_cannot_run_code_in_the_grading_process(tmp_path):
     code = f"""
 import os
 from helpers._runtime import wire as _wire
-from autograder import exercise
-from autograder.lessons.harness import GradingFailure
+from autograder.hidden import grade
+from autograder.kit.harness import GradingFailure
 _wire.restrict()
 
 class Sneaky:
@@ -134,7 +135,7 @@ def hello(rank, world_size):
     return Sneaky()
 
 try:
-    exercise("0.1").grade(hello, "hello")
+    grade("0.1", hello, "hello")
 except GradingFailure as failure:
     print("FAILED:", failure)
 """

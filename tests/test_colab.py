@@ -27,7 +27,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from autograder.course.colab import REPOSITORY
+from autograder.notebooks.colab import REPOSITORY
 from autograder.release.checks import is_placeholder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -112,6 +112,22 @@ def test_an_exported_function_runs_under_torchrun(tmp_path):
     assert len({line.split(": ")[1] for line in lines}) == 1  # the same all-reduced weights on both
 
 
+def test_a_local_named_like_a_global_is_not_exported_as_that_global(tmp_path):
+    """Does a function whose local variable shares a name with a global of its module (``start``, as ``from helpers
+    import start`` binds in lesson 07's notebook) export without importing that global? (Exercise 7.2's answer
+    wrote ``from helpers import start`` into its script, and each process then started a rank factory it left behind.)"""
+    import importlib.util
+
+    path = tmp_path / "shadowing.py"
+    path.write_text("from helpers import start\n\n\ndef main():\n    start = 0\n    for step in range(start, 3):\n"
+                    "        print(step)\n")
+    spec = importlib.util.spec_from_file_location("shadowing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = export_script(module.main, tmp_path / "out.py", setup=False).read_text()
+    assert "from helpers import" not in text and "import helpers" not in text and "start = 0" in text, text
+
+
 def test_a_global_that_cannot_go_into_a_script_is_named(tmp_path):
     """Does exporting a function that uses a lock name the global and say what to do?"""
     with pytest.raises(ExportError, match=r"uses the global 'LOCK', a lock.*inside the function"):

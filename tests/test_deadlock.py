@@ -588,7 +588,7 @@ def test_persistent_ranks_across_cells():
 def test_grading_feedback_says_the_ranks_deadlocked():
     """Does the grading harness turn a deadlock into feedback saying the ranks deadlocked (found before the 10 s
     timeout: the timeout's feedback says "did not finish"), where each waited, and the cycle?"""
-    from autograder.lessons.harness import GradingFailure, run_ranks
+    from autograder.kit.harness import GradingFailure, run_ranks
 
     with pytest.raises(GradingFailure) as info:
         run_ranks("no_hang", _receive_first, 3, exercise="Exercise 4.4", function="ring_allreduce", timeout=10)

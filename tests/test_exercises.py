@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import autograder.lessons
 from autograder import exercise, exercises
-from autograder.course.cells import graded_cells, problems, hidden_test_source
-from autograder.lessons.harness import CheckError, GradingFailure, course_frame
-from autograder.lessons.kit import Exercise, Part
-from autograder.lessons.pieces import by_world_size, call_learner, first_difference, plural, seeded_tensor
-from autograder.lessons.reference import chunk_bounds, ring_allreduce
+from autograder.notebooks.cells import graded_cells, problems, hidden_test_source
+from autograder.kit.harness import CheckError, GradingFailure, course_frame
+from autograder.kit.exercise import Exercise, Part
+from autograder.kit.pieces import by_world_size, call_learner, first_difference, plural, seeded_tensor
+from autograder.answers.lesson04 import chunk_bounds, ring_allreduce
 from helpers import APIS, COLLECTIVES, POINT_TO_POINT
 from helpers._runtime.protocol import Frame
+from autograder.hidden import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "solutions").glob("*/*.ipynb"))
@@ -90,7 +90,8 @@ def test_a_mismatched_notebook_is_reported(tmp_path):
 
 
 def test_the_uniform_cell_names_everything_once():
-    """Is a hidden test cell one heading, one import and one grade call, all taken from the declaration?"""
+    """Is a hidden test cell one heading, the exercise's import, and inside the hidden region the hidden checks' import
+    and one grade call, all taken from the declaration?"""
     ex = exercise("4.4")
     lines = hidden_test_source(ex, "bandwidth").splitlines()
     assert lines == [
@@ -98,7 +99,8 @@ def test_the_uniform_cell_names_everything_once():
         "ceil(n/p) elements (to any peer).",
         "from autograder import exercise",
         "### BEGIN HIDDEN TESTS",
-        'exercise("4.4").grade(ring_allreduce, "bandwidth")',
+        "from autograder.hidden import grade",
+        'grade("4.4", ring_allreduce, "bandwidth")',
         "### END HIDDEN TESTS",
     ]
 
@@ -120,7 +122,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 16, 7: 10, 8: 6, 9: 10, 10: 19, 11: 14, 12: 19)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 16, 7: 20, 8: 6, 9: 10, 10: 19, 11: 14, 12: 19)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -139,6 +141,7 @@ def test_points_per_lesson_are_unchanged():
         "6.1": {"broadcast": 1, "gradients": 2, "per_parameter": 2, "unused": 1},
         "6.2": {"broadcast": 2, "gradients": 3, "waits": 1, "buckets": 2, "overlap": 1, "unused": 1},
         "7.1": {"runs": 2, "same_result": 3, "rank_zero_only": 2, "clean_exit": 1, "any_topology": 2},
+        "7.2": {"resumes": 3, "no_repeat": 2, "atomic": 2, "reshard": 2, "clean_exit": 1},
         "8.1": {"hang": 2, "wrong_result": 2, "crash": 2},
         "9.1": {"sgd": 3, "adamw": 2, "state": 2, "traffic": 3},
         "10.1": {"forward": 2, "backward": 2, "communication": 2, "shards": 1},
@@ -163,28 +166,40 @@ def test_lookups_that_fail_say_what_exists():
     with pytest.raises(ValueError, match="look like '4.1'"):
         exercise("four")
     with pytest.raises(ValueError, match="correct, point_to_point, bandwidth, no_hang"):
-        exercise("4.4").grade(ring_allreduce, "speed")
+        grade("4.4", ring_allreduce, "speed")
 
 
 def test_a_new_lesson_module_is_found_without_registering_it(tmp_path, monkeypatch):
-    """Does a lessonNN.py placed in the package show up in exercise() and exercises() with nothing else changed?"""
-    (tmp_path / "lesson97.py").write_text(
-        "from .kit import Exercise, Part\nfrom .pieces import call_learner\n"
+    """Does a lessonNN.py placed in the exercises package, with its checks in the hidden package, show up in
+    exercise(), exercises() and grade() with nothing else changed?"""
+    import autograder.lessons
+    import autograder.hidden
+
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "shipped" / "lesson97.py").write_text(
+        "from autograder.kit.exercise import Exercise, Part\n"
+        "EXERCISES = (Exercise(number='97.1', function='me', title='me', parts=(Part('right', 1, 'ranks.'),),"
+        " visible_check=lambda attempt: 'passed'),)\n"
+    )
+    (tmp_path / "hidden" / "lesson97.py").write_text(
+        "from autograder.kit.pieces import call_learner\n"
         "def _check(attempt):\n"
         "    if list(attempt.run(call_learner, 2, (attempt.fn,))) != [0, 1]:\n"
         "        attempt.fail('every rank should return its rank.')\n"
-        "EXERCISES = (Exercise(number='97.1', function='me', title='me', parts=(Part('right', 1, 'ranks.', _check),),"
-        " visible_check=lambda attempt: 'passed'),)\n"
+        "CHECKS = {'97.1': {'right': _check}}\n"
     )
-    monkeypatch.setattr(autograder.lessons, "__path__", [*autograder.lessons.__path__, str(tmp_path)])
+    monkeypatch.setattr(autograder.lessons, "__path__", [*autograder.lessons.__path__, str(tmp_path / "shipped")])
+    monkeypatch.setattr(autograder.hidden, "__path__", [*autograder.hidden.__path__, str(tmp_path / "hidden")])
     try:
         assert exercise("97.1").points == 1
         assert "97.1" in [ex.number for ex in exercises()]
-        exercise("97.1").grade(lambda rank, world_size: rank, "right")
+        grade("97.1", lambda rank, world_size: rank, "right")
         with pytest.raises(GradingFailure, match="right: every rank should return its rank"):
-            exercise("97.1").grade(lambda rank, world_size: 0, "right")
+            grade("97.1", lambda rank, world_size: 0, "right")
     finally:
         sys.modules.pop("autograder.lessons.lesson97", None)
+        sys.modules.pop("autograder.hidden.lesson97", None)
 
 
 # -- what the lesson 03 and 04 checks accept ---------------------------------------------------
@@ -223,11 +238,11 @@ def _direct_allreduce(tensor):
 
 def test_an_exchange_that_is_not_a_ring_passes_4_4_but_not_the_ring_steps():
     """As the exercise text says: does a bandwidth-optimal direct exchange earn 4.4's bandwidth part, and fail 4.2's ring part?"""
-    exercise("4.4").grade(_direct_allreduce, "bandwidth")
-    exercise("4.2").grade(_direct_reduce_scatter, "correct")
+    grade("4.4", _direct_allreduce, "bandwidth")
+    grade("4.2", _direct_reduce_scatter, "correct")
     with pytest.raises(GradingFailure, match=r"ring: on 3 ranks with 10 elements, rank 0 sent a message to rank 2; "
                                              r"in a ring each rank sends only to its right neighbour, rank 1"):
-        exercise("4.2").grade(_direct_reduce_scatter, "ring")
+        grade("4.2", _direct_reduce_scatter, "ring")
 
 
 def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
@@ -240,7 +255,7 @@ def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
     exec(RING_ANSWERS["whole_tensor"], namespace)  # the tutorial ring the grading tests also hand in
     whole_tensor_ring = namespace["ring_allreduce"]
 
-    exercise("4.4").grade(whole_tensor_ring, "correct")
+    grade("4.4", whole_tensor_ring, "correct")
     with pytest.raises(GradingFailure, match=r"self-check: on 3 ranks with 10 elements, rank 0 sent 2 messages "
                                              r"carrying 20 elements \(the largest 10\)"):
         exercise("4.4").self_check(whole_tensor_ring)
@@ -248,7 +263,7 @@ def test_the_ring_self_checks_count_messages_like_the_hidden_tests():
 
 def test_the_schedule_must_leave_rank_r_owning_chunk_r():
     """Does the textbook schedule shifted by one chunk (owner r+1) fail 4.1, saying which chunk came out complete?"""
-    from autograder.lessons.reference import ring_chunks
+    from autograder.answers.lesson04 import ring_chunks
 
     def shifted(phase, step, rank, world_size):
         send, recv = ring_chunks(phase, step, rank, world_size)
@@ -257,10 +272,10 @@ def test_the_schedule_must_leave_rank_r_owning_chunk_r():
     exercise("4.1").self_check(ring_chunks)
     with pytest.raises(GradingFailure, match=r"reduce_scatter: after the reduce-scatter on 2 ranks, rank 0's chunk 0 "
                                              r"holds the sum of ranks \[0\] only.* Its chunk 1 is complete instead"):
-        exercise("4.1").grade(shifted, "reduce_scatter")
+        grade("4.1", shifted, "reduce_scatter")
     with pytest.raises(GradingFailure, match=r"all_gather: on 2 ranks, at all-gather step 0, rank 0 sends chunk 1, "
                                              r"which it does not hold yet"):
-        exercise("4.1").grade(shifted, "all_gather")
+        grade("4.1", shifted, "all_gather")
 
 
 # Answers to Exercises 4.4 and 8.1 with the mistakes learners make, each a few lines away from a working one
@@ -404,10 +419,10 @@ def test_8_1_feedback_names_the_fix():
     """Does 8.1 answer a send-first pass_right with isend or the odd/even order, and a gather of unequal sizes
     (gloo aborts the rank: SIGABRT) with the rule that the ranks agree on the longest length first?"""
     with pytest.raises(GradingFailure, match=r"(?s)hang \(pass_right\): your code deadlocked.*dist\.isend.*even ranks send first"):
-        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "hang")
+        grade("8.1", _RINGS["_Repaired8Wrongly"], "hang")
     with pytest.raises(GradingFailure, match=r"(?s)crash \(gather_all\): rank \d was killed by SIGABRT.*gloo's all_gather needs "
                                              r"every rank's tensor to have the same number of elements.*longest"):
-        exercise("8.1").grade(_RINGS["_Repaired8Wrongly"], "crash")
+        grade("8.1", _RINGS["_Repaired8Wrongly"], "crash")
 
 
 # Answers to Exercises 5.1 and 5.2 with the mistakes the feedback must name (run by value on the ranks).
@@ -507,25 +522,36 @@ def test_5_1_and_5_2_feedback_names_the_mistake(number, mistake, says):
 
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():
     """Does Exercise 3.3 (collectives allowed) accept the reference, and give a plain dist.all_reduce the sums but not the hierarchy part?"""
-    from autograder.lessons.reference import hierarchical_all_reduce
+    from autograder.answers.lesson03 import hierarchical_all_reduce
 
     def flat(tensor, ranks_per_node):
         dist.all_reduce(tensor)
 
-    exercise("3.3").grade(hierarchical_all_reduce, "hierarchy")
-    exercise("3.3").grade(flat, "correct")
+    grade("3.3", hierarchical_all_reduce, "hierarchy")
+    grade("3.3", flat, "correct")
     with pytest.raises(GradingFailure, match=r"hierarchy: on 4 ranks with ranks_per_node=2, rank 0 called all_reduce "
                                              r"on the whole world \(the default group\); its all_reduce belongs on "
                                              r"the leaders' group, \[0, 2\]"):
-        exercise("3.3").grade(flat, "hierarchy")
+        grade("3.3", flat, "hierarchy")
 
 
 # -- whose fault is it? -------------------------------------------------------------------------
 
 
-def _exercise_with(check) -> Exercise:
-    return Exercise(number="9.1", function="ring_allreduce", title="broken on purpose",
-                    parts=(Part("broken", 1, "a check with a bug in it.", check),))
+class _BrokenOnPurpose:
+    """An exercise whose one part's check is ``check`` (the hidden package's role)."""
+
+    def __init__(self, check) -> None:
+        self.exercise = Exercise(number="9.1", function="ring_allreduce", title="broken on purpose",
+                                 parts=(Part("broken", 1, "a check with a bug in it."),))
+        self.check = check
+
+    def grade(self, fn, part: str) -> None:
+        self.exercise.grade(fn, part, self.check)
+
+
+def _exercise_with(check) -> _BrokenOnPurpose:
+    return _BrokenOnPurpose(check)
 
 
 def test_a_check_that_breaks_in_the_notebook_raises_the_courses_error():
@@ -565,7 +591,7 @@ def test_a_learner_exception_is_still_the_learners():
         raise ValueError("my mistake")
 
     with pytest.raises(GradingFailure, match=r"correct: rank \d raised ValueError: my mistake on 1 rank"):
-        exercise("4.4").grade(raises, "correct")
+        grade("4.4", raises, "correct")
 
 
 def test_a_learner_error_inside_torch_is_still_the_learners():
@@ -575,7 +601,7 @@ def test_a_learner_error_inside_torch_is_still_the_learners():
         dist.send(tensor, dst=dist.get_world_size() + 3)
 
     with pytest.raises(GradingFailure) as info:
-        exercise("4.4").grade(bad_peer, "no_hang")
+        grade("4.4", bad_peer, "no_hang")
     assert not isinstance(info.value, CheckError)
 
 
@@ -587,7 +613,7 @@ def test_an_untouched_stub_gets_the_stub_feedback():
 
     with pytest.raises(GradingFailure, match=r"bandwidth: `ring_allreduce` still raises NotImplementedError "
                                              r"\(Exercise 4\.4: ring all-reduce\)\. Replace the"):
-        exercise("4.4").grade(stub, "bandwidth")
+        grade("4.4", stub, "bandwidth")
 
 
 def test_a_switched_off_call_gives_the_lessons_own_reason():
@@ -598,7 +624,7 @@ def test_a_switched_off_call_gives_the_lessons_own_reason():
 
     ex = exercise("4.4")
     with pytest.raises(GradingFailure) as info:
-        ex.grade(builtin, "point_to_point")
+        grade(ex.number, builtin, "point_to_point")
     text = str(info.value)
     assert "called a built-in collective" in text and "switched off here" in text and ex.forbid_reason in text
 
@@ -614,7 +640,7 @@ def test_a_function_the_ranks_cannot_receive_is_the_learners_fault():
             tensor += 0
 
     with pytest.raises(GradingFailure, match="correct: `ring_allreduce` cannot be sent to the fresh processes"):
-        exercise("4.4").grade(locked, "correct")
+        grade("4.4", locked, "correct")
 
 
 def _local_sum_with_dummy_messages(rank, world_size, value):
@@ -647,7 +673,7 @@ def test_a_ring_sum_worked_out_alone_fails_even_with_ring_messages():
     ex = exercise("2.1")
     for part in ("correct", "point_to_point"):
         with pytest.raises(GradingFailure, match=rf"(?s){part}: on 2 ranks the values were .*Each rank knows only its own value"):
-            ex.grade(_local_sum_with_dummy_messages, part)
+            grade(ex.number, _local_sum_with_dummy_messages, part)
     with pytest.raises(GradingFailure, match="every rank should return their sum"):
         ex.self_check(_local_sum_with_dummy_messages)
 
@@ -655,10 +681,10 @@ def test_a_ring_sum_worked_out_alone_fails_even_with_ring_messages():
 def test_a_star_shaped_sum_is_right_but_not_a_ring():
     """Does a sum gathered at rank 0 earn the totals but fail the ring pattern, naming the rank and the wrong peer?"""
     ex = exercise("2.1")
-    ex.grade(_star_sum, "correct")
+    grade(ex.number, _star_sum, "correct")
     with pytest.raises(GradingFailure, match=r"point_to_point: on 3 ranks, rank \d (sent a message \(send\) to|received a "
                                              r"message \(recv\) from) rank \d\. In the ring"):
-        ex.grade(_star_sum, "point_to_point")
+        grade(ex.number, _star_sum, "point_to_point")
     with pytest.raises(GradingFailure, match="self-check: on 3 ranks"):
         ex.self_check(_star_sum)
 
@@ -806,14 +832,14 @@ def test_9_1_accepts_a_hand_made_ring_and_refuses_torchs_own_sharding(factory):
     # A first run without the checks' short timeout: a fresh test process's first ranks import what
     # the optimizers need, which on a loaded machine alone can outlast it (grading starts warm).
     launch(sharded_worker, 2, args=(_ANSWERS["_RingShardedOptimizer"], case), timeout=120, output="quiet")
-    ex.grade(_ANSWERS["_RingShardedOptimizer"], "traffic")
+    grade(ex.number, _ANSWERS["_RingShardedOptimizer"], "traffic")
     with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own ZeroRedundancyOptimizer on 1 rank.*"
                                              r"ZeroRedundancyOptimizer is switched off here: Exercise 9.1 asks you to "
                                              r"build the sharded optimizer"):
-        ex.grade(_ANSWERS["_WrapsZeroRedundancy"], "sgd")
+        grade(ex.number, _ANSWERS["_WrapsZeroRedundancy"], "sgd")
     with pytest.raises(GradingFailure, match=r"sgd: rank 0 called torch's own FSDP on 1 rank.*fully_shard is switched "
                                              r"off here: Exercise 9.1 asks you to build the sharded optimizer"):
-        ex.grade(_ANSWERS["_UsesFullyShard"], "sgd")
+        grade(ex.number, _ANSWERS["_UsesFullyShard"], "sgd")
 
 
 def test_9_1_judges_the_state_held_and_what_the_all_gather_carries(factory):
@@ -822,19 +848,19 @@ def test_9_1_judges_the_state_held_and_what_the_all_gather_carries(factory):
     on every rank, right numbers and right call sizes, lose "state" and "traffic", each saying why?"""
     ex = exercise("9.1")
     for part in ("sgd", "adamw", "state", "traffic"):
-        ex.grade(_ANSWERS["_SubclassShardedOptimizer"], part)
-    ex.grade(_ANSWERS["_GathersGradients"], "sgd")
+        grade(ex.number, _ANSWERS["_SubclassShardedOptimizer"], part)
+    grade(ex.number, _ANSWERS["_GathersGradients"], "sgd")
     with pytest.raises(GradingFailure, match=r"optimizer keeps state for \d+ elements, the whole model"):
-        ex.grade(_ANSWERS["_GathersGradients"], "state")
+        grade(ex.number, _ANSWERS["_GathersGradients"], "state")
     with pytest.raises(GradingFailure, match=r"the all-gather carried \d+ values that are not a slice of the parameters"
                                              r".*ZeRO-1 gathers the \*updated parameters\*"):
-        ex.grade(_ANSWERS["_GathersGradients"], "traffic")
+        grade(ex.number, _ANSWERS["_GathersGradients"], "traffic")
 
 
 def test_a_missing_function_is_named():
     """Does grading something that is not a function ask for the function by name?"""
     with pytest.raises(GradingFailure, match="Exercise 2.1: define a function named `ring_sum`"):
-        exercise("2.1").grade(None, "correct")
+        grade("2.1", None, "correct")
 
 
 def test_course_frame_finds_the_innermost_frame_that_is_not_a_library():
@@ -871,10 +897,11 @@ def test_shared_pieces():
 
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
-    "lessons.kit", "lessons.harness", "course.cells", "course.preprocessors", "lessons.reference", "release",
-    "grading.sandbox", "grading.clean", "grading.summary", "lessons.lesson00", "lessons.lesson01", "lessons.lesson02",
-    "lessons.lesson03", "lessons.lesson04", "lessons.lesson08", "lessons.pieces", "lessons.torchrun_programs",
-    "lessons.registry", "lessons.ringcheck", "lessons.shardcheck", "grading.verdicts", "lessons.tpcheck", "lessons.pipecheck", "lessons.cpcheck",
+    "kit.exercise", "kit.harness", "kit.pieces", "kit.registry", "kit.torchrun_programs", "notebooks.cells",
+    "notebooks.preprocessors", "answers.lesson04", "release", "grading.sandbox", "learner.definitions",
+    "grading.summary", "grading.verdicts", "hidden", "hidden.lesson00", "hidden.lesson01", "hidden.lesson02",
+    "hidden.lesson04", "hidden.lesson09", "lessons.lesson03", "lessons.lesson08", "lessons.ringcheck",
+    "lessons.shardcheck", "lessons.tpcheck", "lessons.tpdata", "lessons.pipecheck", "lessons.cpcheck",
     "lessons.cpdata")]
     + ["devtools.scratch"])
 def test_docstring_examples_run(module):

@@ -118,7 +118,7 @@ def test_lesson_12_gpu_route_measures_a_step_beside_the_plan():
     cost model's step land near the measurement (the plan counts what is kept, the model matrix products only)?"""
     import math
 
-    from autograder.lessons.reference_plan import plan_memory, plan_traffic
+    from autograder.answers.lesson12 import plan_memory, plan_traffic
     from helpers.plan import Cluster as Machine, Layout, Link, Model
     from helpers.planrun import on_gpu
     from helpers.steptime import predict

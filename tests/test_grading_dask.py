@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course.build import tool_env
+from autograder.notebooks.generate import tool_env
 from autograder.grading.engine import TOPIC, died, run
 from autograder.grading.slurm import Slurm
 from autograder.grading.task import TRIES, Graded, Task
@@ -247,7 +247,7 @@ class _InterruptedClient:
 
 @pytest.mark.parametrize("where, nth", [("submit", 3), ("get_events", 1), ("on_final", 1)],
                          ids=["handing-one-to-a-worker", "reading-a-result", "merging"])
-def test_a_ctrl_c_at_any_point_names_every_submission_not_finished(where, nth, monkeypatch):
+def test_a_ctrl_c_at_any_point_names_every_submission_not_finished(where, nth):
     """Whether the Ctrl-C comes while a submission is handed to a worker (no longer waiting, not yet running),
     while a result is read, or while one is merged: is every submission not finished returned as left, once,
     and every finished one not?"""
@@ -261,7 +261,6 @@ def test_a_ctrl_c_at_any_point_names_every_submission_not_finished(where, nth, m
             raise KeyboardInterrupt
         finals.append(graded.student)
 
-    monkeypatch.setenv("HELPERS_PRESTART", "0")  # what a worker sets (in this process here); put back after
     cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
     try:
         with Client(cluster) as client:
@@ -320,7 +319,7 @@ def test_the_slurm_job_script_asks_for_the_resources_given():
     for directive in ("#SBATCH -p short", "#SBATCH -A cs101", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=15G",
                       "#SBATCH -t 02:30:00", "#SBATCH --qos=normal", "#SBATCH -J course-grading"):
         assert directive in lines, script
-    assert "export HELPERS_PRESTART=0" in lines and "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in lines
+    assert "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in lines, script
     command = next(line for line in lines if "distributed.cli.dask_worker" in line)
     assert command.startswith(sys.executable) and "--nworkers 4" in command and "--nthreads 1" in command, command
     assert "--memory-limit 3.73GiB" in command, command  # 16 GB shared by 4 workers

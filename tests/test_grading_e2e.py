@@ -126,7 +126,7 @@ FLAT_ALL_REDUCE = '''def hierarchical_all_reduce(tensor, ranks_per_node):
 def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """Each exercise's answer-cell grade_id, and each graded test cell's id -> (exercise, part)."""
     from autograder import exercises
-    from autograder.course.cells import graded_cells, lesson_number
+    from autograder.notebooks.cells import graded_cells, lesson_number
 
     path = ROOT / "solutions" / lesson / f"{lesson}.ipynb"
     declared = exercises(lesson_number(path))
@@ -234,7 +234,7 @@ def test_near_misses_lose_only_the_parts_they_miss(graded):
     # Each failing part reads as its exercise, part and points, then the message; no frame of the checks.
     text = html.unescape(re.sub(r"<[^>]+>", "", feedback))
     assert 'Exercise 4.4, part "bandwidth": 0 of 3 points.' in text and 'Exercise 4.1, part "all_gather": 0 of 1 point.' in text
-    assert not [name for name in ("kit.py", "lesson04.py", "ringcheck.py", "Traceback (most recent call last)") if name in text]
+    assert not [name for name in ("exercise.py", "lesson04.py", "ringcheck.py", "Traceback (most recent call last)") if name in text]
 
 
 def test_built_in_collectives_earn_nothing(graded):
@@ -336,7 +336,7 @@ def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
     run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("mallory", LESSON))
     ring = [p for p in run["parts"] if p["exercise"] == "4.4"]
     assert all(p["score"] == 0 for p in ring), ring
-    assert any("autograder.lessons.kit.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
+    assert any("autograder.kit.exercise.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
     # Her kernel ran the patch, yet every 4.4 cell of her graded notebook holds the verdict of the fresh process.
     notebook = json.loads((root / "autograder" / "autograded" / "mallory" / LESSON / f"{LESSON}.ipynb").read_text())
     for cell in notebook["cells"]:
@@ -346,7 +346,7 @@ def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
             assert [o["ename"] for o in errors] == ["GradingFailure"], cell["outputs"]
             assert "switched off here" in "\n".join(errors[0]["traceback"]), errors
     feedback = _feedback(root, "mallory")
-    assert "Left out of the fresh process" in feedback and "autograder.lessons.kit.Exercise.grade = lambda" in feedback
+    assert "Left out of the fresh process" in feedback and "autograder.kit.exercise.Exercise.grade = lambda" in feedback
 
 
 @pytest.mark.skipif(bool(sandbox_flags()), reason="bubblewrap cannot run here, so grading ran without the sandbox")

@@ -112,7 +112,7 @@ def test_forgetting_to_divide_is_named_and_the_buckets_are_judged_on_their_sizes
 
 def test_feedback_shows_part_verdict_and_message_not_the_checks_traceback(graded_lesson):
     """Does each failing part's cell on the feedback page read 'Exercise N.M, part "p": 0 of k points.' followed by the
-    message, with no frame of the grading code (kit.py, lesson06.py, gradcheck.py)?"""
+    message, with no frame of the grading code (exercise.py, lesson06.py, gradcheck.py)?"""
     graded_lesson.check_verdicts("ben", {"6.1/per_parameter", "6.1/unused", "6.2/broadcast"})
     graded_lesson.check_verdicts("eli", {"6.2/gradients", "6.2/waits", "6.2/unused"})
 

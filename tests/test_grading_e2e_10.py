@@ -2,16 +2,24 @@
 
 A temporary copy of the course receives five learners' versions of lesson 10 and is graded
 with `python -m autograder grade`, the instructor's command. amy hands in the instructor's
-three answers; the others make the mistakes these exercises invite, each a line or two away
-from the answer:
+four answers; the others make the mistakes these exercises invite, each a line or two away
+from the answer, and eli hands in right answers of other shapes. Each learner's exercises fail
+or pass independently, so one hand-in carries a mistake of each (the usual mistakes the checks
+also name are tried in tests/test_lesson10.py, faster):
 
-- ben: f's backward passes the gradient through (no backward all-reduce);
-- cid: fc2's bias added inside g, before the all-reduce; and GPipe's last stage starting each
-  backward with 1 instead of 1/m;
-- dee: g made with ``torch.distributed.nn.functional.all_reduce``, whose backward sums again;
-  a "pipeline" that runs each micro-batch's forward and backward before the next one's; no 1F1B;
-- eli: fc1 split along its input features (the columns of ``nn.Linear.weight``); a 1F1B that
-  runs every forward first; two chunks per rank taken one micro-batch at a time (10.4).
+- ben: f's backward passes the gradient through (no backward all-reduce); a GPipe that starts
+  each backward with 1 and then divides every parameter's .grad by m, which raises on the frozen
+  bias and the unused parameter of the checks' stages; a "1F1B" with no warm-up, one micro-batch
+  at a time;
+- cid: shards that drop the frozen weights' requires_grad (so they get gradients); GPipe's last
+  stage starting each backward with 1 instead of 1/m; 1F1B written as p - s forwards, then one
+  backward and one forward in turn (right: the same order);
+- dee: a module that keeps both whole layers and computes on each rank alone (right values, no
+  tensor parallelism); a "pipeline" that runs each micro-batch's forward and backward before the
+  next one's; no 1F1B;
+- eli: a strided split of the hidden units (rank r keeps units r, r + p, ...: right); a GPipe
+  that divides only the gradients there are (right); a 1F1B that runs every forward first (GPipe's
+  order); two chunks per rank taken one micro-batch at a time (10.4).
 """
 
 from __future__ import annotations
@@ -26,7 +34,86 @@ pytestmark = pytest.mark.slow  # every test reads the graded class
 LESSON = "10-model-parallelism"
 TP, GPIPE, ONE_F_ONE_B = "ex10_1-tensorparallelmlp", "ex10_2-gpipe-step", "ex10_3-one-f-one-b-step"
 INTERLEAVED = "ex10_4-interleaved-step"
-G_OUTPUT = "        return ReduceFromTensorParallel.apply(F.linear(h, self.w2)) + self.b2"
+
+# cid: each shard made trainable whatever its weight's requires_grad.
+DROPS_THE_FLAGS = (("        # each shard keeps its weight's requires_grad: a frozen weight stays frozen, its .grad None\n", ""),
+                   *((f", {name}.requires_grad)", ")") for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")))
+# eli: rank r keeps hidden units r, r + p, r + 2p, ... (fc1's rows and bias, fc2's columns).
+STRIDED = (("        mine = slice(rank * k, (rank + 1) * k)\n", "        mine = slice(rank, None, world_size)\n"),)
+# ben: no warm-up, so each micro-batch goes forward and backward before the next.
+NO_WARMUP = (("    warmup = min(stage.num_stages - stage.rank - 1, m)\n", "    warmup = 0\n"),)
+
+# dee: both whole layers on every rank, computed alone.
+WHOLE_COPIES = '''# Exercise 10.1: a tensor-parallel MLP from collectives
+class TensorParallelMLP(nn.Module):
+    def __init__(self, fc1, fc2):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+'''
+
+# GPipe whose last stage starts each backward with 1; the gradients are divided by m afterwards (ben: all of them,
+# eli: those there are).
+GPIPE_DIVIDED_AFTER = '''# Exercise 10.2: a GPipe schedule over send and recv
+def gpipe_step(stage, microbatches):
+    m = len(microbatches)
+    for i, (inputs, targets) in enumerate(microbatches):
+        x = inputs
+        if not stage.is_first:
+            x = torch.empty(stage.input_shape)
+            dist.recv(x, src=stage.prev_rank)
+        y = stage.forward(i, x, targets if stage.is_last else None)
+        if not stage.is_last:
+            dist.send(y, dst=stage.next_rank)
+    for i in range(m):
+        grad = 1.0
+        if not stage.is_last:
+            grad = torch.empty(stage.output_shape)
+            dist.recv(grad, src=stage.next_rank)
+        g = stage.backward(i, grad)
+        if not stage.is_first:
+            dist.send(g, dst=stage.prev_rank)
+    for p in stage.parameters():
+        p.grad /= m
+'''
+GPIPE_DIVIDES_WHAT_THERE_IS = GPIPE_DIVIDED_AFTER.replace("        p.grad /= m\n",
+                                                          "        if p.grad is not None:\n            p.grad /= m\n")
+
+# cid: 1F1B as p - s forwards, then one backward and one forward in turn.
+BACKWARD_FIRST_1F1B = '''# Exercise 10.3: (optional) a 1F1B schedule
+def one_f_one_b_step(stage, microbatches):
+    m, pending = len(microbatches), []
+    for i in range(min(stage.num_stages - stage.rank, m)):
+        x = microbatches[i][0]
+        if not stage.is_first:
+            x = torch.empty(stage.input_shape)
+            dist.recv(x, src=stage.prev_rank)
+        y = stage.forward(i, x, microbatches[i][1] if stage.is_last else None)
+        if not stage.is_last:
+            pending.append(dist.isend(y, dst=stage.next_rank))
+    sent = min(stage.num_stages - stage.rank, m)
+    for i in range(m):
+        grad = 1.0 / m
+        if not stage.is_last:
+            grad = torch.empty(stage.output_shape)
+            dist.recv(grad, src=stage.next_rank)
+        g = stage.backward(i, grad)
+        if not stage.is_first:
+            pending.append(dist.isend(g, dst=stage.prev_rank))
+        if sent < m:
+            x = microbatches[sent][0]
+            if not stage.is_first:
+                x = torch.empty(stage.input_shape)
+                dist.recv(x, src=stage.prev_rank)
+            y = stage.forward(sent, x, microbatches[sent][1] if stage.is_last else None)
+            if not stage.is_last:
+                pending.append(dist.isend(y, dst=stage.next_rank))
+            sent += 1
+    for request in pending:
+        request.wait()
+'''
 
 # A GPipe that is no pipeline: each micro-batch goes forward and backward before the next starts.
 ONE_AT_A_TIME = '''# Exercise 10.2: a GPipe schedule over send and recv
@@ -74,9 +161,10 @@ def interleaved_step(stages, microbatches):
 '''
 
 
-def _answers(tp=(), gpipe=(), one_f_one_b=(), *, gpipe_source=None, interleaved_source=None, skip=()):
-    cells = {TP: variant(LESSON, TP, *tp), GPIPE: gpipe_source or variant(LESSON, GPIPE, *gpipe),
-             ONE_F_ONE_B: variant(LESSON, ONE_F_ONE_B, *one_f_one_b),
+def _answers(tp=(), gpipe=(), one_f_one_b=(), *, tp_source=None, gpipe_source=None, one_f_one_b_source=None,
+             interleaved_source=None, skip=()):
+    cells = {TP: tp_source or variant(LESSON, TP, *tp), GPIPE: gpipe_source or variant(LESSON, GPIPE, *gpipe),
+             ONE_F_ONE_B: one_f_one_b_source or variant(LESSON, ONE_F_ONE_B, *one_f_one_b),
              INTERLEAVED: interleaved_source or solution_source(LESSON, INTERLEAVED)}
     return {grade_id: source for grade_id, source in cells.items() if grade_id not in skip}
 
@@ -85,14 +173,11 @@ HANDED_IN = {LESSON: {
     "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (TP, GPIPE, ONE_F_ONE_B, INTERLEAVED)},
     "ben": _answers(tp=(("        grad = grad.clone()               # all_reduce works in place: leave autograd's tensor "
                          "alone\n        dist.all_reduce(grad)             # each rank's fc1 block gave only its part of "
-                         "dL/dx\n", ""),)),
-    "cid": _answers(tp=((G_OUTPUT, "        return ReduceFromTensorParallel.apply(F.linear(h, self.w2, self.b2))"),),
-                    gpipe=(("grad = 1.0 / m", "grad = 1.0"),)),
-    "dee": _answers(tp=((G_OUTPUT, "        import torch.distributed.nn.functional as dist_nn\n"
-                                   "        return dist_nn.all_reduce(F.linear(h, self.w2)) + self.b2"),),
-                    gpipe_source=ONE_AT_A_TIME, skip=(ONE_F_ONE_B,)),
-    "eli": _answers(tp=(("fc1.weight.detach()[mine].clone()", "fc1.weight.detach().chunk(world_size, dim=1)[rank].clone()"),
-                        ("fc2.weight.detach()[:, mine].clone()", "fc2.weight.detach().chunk(world_size, dim=0)[rank].clone()")),
+                         "dL/dx\n", ""),), gpipe_source=GPIPE_DIVIDED_AFTER, one_f_one_b=NO_WARMUP),
+    "cid": _answers(tp=DROPS_THE_FLAGS, gpipe=(("grad = 1.0 / m", "grad = 1.0"),),
+                    one_f_one_b_source=BACKWARD_FIRST_1F1B),
+    "dee": _answers(tp_source=WHOLE_COPIES, gpipe_source=ONE_AT_A_TIME, skip=(ONE_F_ONE_B,)),
+    "eli": _answers(tp=STRIDED, gpipe_source=GPIPE_DIVIDES_WHAT_THERE_IS,
                     one_f_one_b=(("    warmup = min(stage.num_stages - stage.rank - 1, m)\n", "    warmup = m\n"),),
                     interleaved_source=INTERLEAVED_ONE_AT_A_TIME),
 }}
@@ -103,40 +188,46 @@ def _lose(graded_lesson, student: str, *parts: str) -> None:
 
 
 def test_the_instructors_answers_earn_full_marks(graded_lesson):
-    """Do the instructor's three answers, handed in as a learner's, earn every point?"""
+    """Do the instructor's four answers, handed in as a learner's, earn every point?"""
     assert graded_lesson.scores("amy") == graded_lesson.points
 
 
-def test_no_backward_all_reduce_is_named(graded_lesson):
-    """Does an f without its backward all-reduce lose the backward and communication parts alone, naming f?"""
-    _lose(graded_lesson, "ben", "10.1/backward", "10.1/communication")
+def test_no_backward_all_reduce_dividing_every_gradient_and_no_warm_up_are_named(graded_lesson):
+    """Does an f without its backward all-reduce lose backward and communication, naming f; a GPipe that divides
+    every .grad (the frozen bias and the unused parameter have none) lose gradients alone, with the fix; and a 1F1B
+    with no warm-up lose every part of 10.3, saying the pipeline never fills?"""
+    _lose(graded_lesson, "ben", "10.1/backward", "10.1/communication", "10.2/gradients", "10.3/gradients",
+          "10.3/memory", "10.3/bubble")
     graded_lesson.check_feedback("ben", "That is f: the identity in forward, an all-reduce of the gradient in backward",
-                                 "backward made no call at all")
+                                 "backward made no call at all", "a parameter, spare, that its forward never uses",
+                                 "if p.grad is not None", "the pipeline never fills")
 
 
-def test_bias_before_the_sum_and_a_missing_one_over_m_are_named(graded_lesson):
-    """Does a bias added before the all-reduce cost the forward part alone, and a GPipe without 1/m the gradients alone?"""
-    _lose(graded_lesson, "cid", "10.1/forward", "10.2/gradients")
-    graded_lesson.check_feedback("cid", "every rank added the bias before the all-reduce",
+def test_frozen_weights_made_trainable_and_a_missing_one_over_m_are_named(graded_lesson):
+    """Do shards that drop their frozen weights' requires_grad lose 10.1's backward alone, naming the parameter and
+    the fix, a GPipe without 1/m the gradients alone, while 1F1B written backward-first earns all of 10.3?"""
+    _lose(graded_lesson, "cid", "10.1/backward", "10.2/gradients")
+    graded_lesson.check_feedback("cid", "was given frozen (requires_grad=False)", "requires_grad=fc1.weight.requires_grad",
                                  "backward on the last stage with 1/")
 
 
-def test_a_summing_g_and_a_pipeline_that_never_fills_are_named(graded_lesson):
-    """Does g's backward summing again, a one-micro-batch-at-a-time schedule and an untouched 1F1B lose what they should?"""
-    _lose(graded_lesson, "dee", "10.1/backward", "10.1/communication", "10.2/bubble",
+def test_whole_copies_computed_alone_and_a_pipeline_that_never_fills_are_named(graded_lesson):
+    """Does a module that computes on each rank alone from whole copies lose every part of 10.1 (forward and backward
+    because rank 0 never depends on the other ranks), a one-micro-batch-at-a-time schedule 10.2's bubble, and an
+    untouched 1F1B all of 10.3?"""
+    _lose(graded_lesson, "dee", "10.1/forward", "10.1/backward", "10.1/communication", "10.1/shards", "10.2/bubble",
           "10.3/gradients", "10.3/memory", "10.3/bubble")
-    graded_lesson.check_feedback("dee", "backward must pass the gradient through unchanged",
+    graded_lesson.check_feedback("dee", "rank 0 computed it alone", "backward sums the parts over the ranks",
                                  "Send every micro-batch forward before waiting for any gradient",
                                  "still raises NotImplementedError")
 
 
-def test_a_split_along_the_wrong_dimension_and_a_gpipe_order_in_1f1b_are_named(graded_lesson):
-    """Does fc1 split by its input features lose all of 10.1, naming the dimension, a 1F1B that runs every forward
-    first the memory part, and two chunks taken one micro-batch at a time 10.4's bubble, with its formula?"""
-    _lose(graded_lesson, "eli", "10.1/forward", "10.1/backward", "10.1/communication", "10.1/shards", "10.3/memory",
-          "10.4/bubble")
-    graded_lesson.check_feedback("eli", "along the wrong dimension", "in 1F1B stage s holds at most p - s",
-                                 "a bubble of (p - 1) / (v m + p - 1)")
+def test_a_strided_split_earns_full_marks_and_gpipes_order_in_1f1b_earns_nothing(graded_lesson):
+    """Do a strided split of the hidden units and a GPipe that divides only the gradients there are earn all of
+    10.1 and 10.2, while a 1F1B that runs every forward first loses every part of 10.3, naming GPipe's order, and two
+    chunks taken one micro-batch at a time 10.4's bubble, with its formula?"""
+    _lose(graded_lesson, "eli", "10.3/gradients", "10.3/memory", "10.3/bubble", "10.4/bubble")
+    graded_lesson.check_feedback("eli", "order (Exercise 10.2)", "a bubble of (p - 1) / (v m + p - 1)")
 
 
 def test_grading_run_records_every_learner(graded_lesson):

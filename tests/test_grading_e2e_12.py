@@ -2,15 +2,15 @@
 
 A temporary copy of the course receives four learners' versions of lesson 12 and is graded with
 `python -m autograder grade`, the instructor's command, in the sandbox where the course's planner file is hidden:
-the hidden checks get it sealed (autograder/lessons/sealed.py). Each learner after the first packs one change per
+the hidden checks get it sealed (autograder/hidden/sealed.py). Each learner after the first packs one change per
 exercise, a line or two away from the answer, so that few submissions cover many parts:
 
 - amy hands in the instructor's three answers;
 - cid holds every micro-batch's activations under 1F1B (12.1), counts an all-reduce's tensor once where a ring
   sends 2(p - 1)/p of it (12.2), and leaves 12.3 as the stub;
 - dee divides the RMSNorm scales by tp (12.1), counts tensor parallelism's forward collectives only (12.2), and
-  for 12.3 tries to borrow the course's own choice: importing the planner, reading its file, or any open descriptor
-  of a file that holds it; none is reachable from the ranks the answer runs on, so the fallback, a layout of twice
+  for 12.3 tries to borrow the course's own choice: importing the planner (as a module, or through the hidden
+  checks' own loader), reading its file, or any open descriptor of a file that holds it; none is reachable from the ranks the answer runs on, so the fallback, a layout of twice
   the cluster's GPUs, is what gets graded;
 - eli writes right answers of other shapes (a tuple of dicts of whole numbers, keys in another order; a traffic
   plan that lists zero-byte entries) and a search that picks the slowest layout that fits (12.3).
@@ -42,12 +42,16 @@ def choose_layout(model, cluster):
     import stat
 
     try:
-        return importlib.import_module("autograder.lessons.reference_plan").choose_layout(model, cluster)
+        return importlib.import_module("autograder.answers.lesson12").choose_layout(model, cluster)
     except ImportError:
         pass
-    import autograder.lessons as lessons
+    try:
+        return importlib.import_module("autograder.hidden.sealed").load("lesson12").choose_layout(model, cluster)
+    except Exception:
+        pass
+    import autograder
 
-    places = [os.path.join(lessons.__path__[0], "reference_plan.py")]
+    places = [os.path.join(autograder.__path__[0], "answers", "lesson12.py")]
     for pid in [p for p in os.listdir("/proc") if p.isdigit()]:    # every process this one can see, the grader's too
         try:
             places += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from devtools.scratch import course_copy, sandbox_flags, solution_source, submission
-from autograder.course.build import tool_env
+from autograder.notebooks.generate import tool_env
 
 LESSON = "00-getting-started"
 ROOT = Path(__file__).resolve().parent.parent

@@ -58,5 +58,5 @@ def test_parallel_grading_gives_the_serial_scores(tmp_path):
         [(r["part"], r["graded"], r["passed"]) for r in serial_summary] == [("hello", "4", "1")]
     patched = next(r for r in parallel_record["submissions"] if r["student"] == "patched")
     # Its patch of the grading ran in its own kernel; the fresh process that decided left it out.
-    assert patched["parts"][0]["score"] == 0.0 and any("autograder.lessons.kit.Exercise.grade" in line
+    assert patched["parts"][0]["score"] == 0.0 and any("autograder.kit.exercise.Exercise.grade" in line
                                                        for line in patched["left_out"]), patched

@@ -19,16 +19,27 @@ import pytest
 from autograder.grading.summary import failure_kind, part_rows, summarise
 from autograder.grading.verdicts import CLEAN_NOTE, verdict_outputs
 from autograder.lessons.gradcheck import judge_signature
-from autograder.lessons.harness import CheckError, GradingFailure
-from autograder.lessons.kit import DEFERRED, HIDDEN_CHECK, SELF_CHECK, Attempt, Exercise, HiddenTestUnavailable, Part
+from autograder.kit.harness import CheckError, GradingFailure
+from autograder.kit.exercise import DEFERRED, SELF_CHECK, Attempt, Exercise, HiddenTestUnavailable, Part
 from autograder.lessons.ringcheck import judge_rows, judge_schedule
-from autograder.lessons.torchrun import Failure, Frame, ScriptRun
-from autograder.lessons.torchrun_feedback import failure_text
+from autograder.kit.torchrun import Failure, Frame, ScriptRun
+from autograder.kit.torchrun_feedback import failure_text
 
 
-def _exercise(check=lambda attempt: None, **extra) -> Exercise:
-    return Exercise(number="9.1", function="answer", title="the answer",
-                    parts=(Part("correct", 2, "returns 42.", check),), **extra)
+class _Declared:
+    """An exercise with one part, "correct", and that part's check (the hidden package's role)."""
+
+    def __init__(self, check, **extra) -> None:
+        self.exercise = Exercise(number="9.1", function="answer", title="the answer",
+                                 parts=(Part("correct", 2, "returns 42."),), **extra)
+        self.check = check
+
+    def grade(self, fn, part: str) -> None:
+        self.exercise.grade(fn, part, self.check)
+
+
+def _exercise(check=lambda attempt: None, **extra) -> _Declared:
+    return _Declared(check, **extra)
 
 
 def _fails(check, *args) -> str:
@@ -51,7 +62,7 @@ def test_a_failure_keeps_its_part_and_text_apart():
 
 def test_attempt_fail_names_the_part():
     """Does a check's attempt.fail(...) become the part's failure, with the part's name in front?"""
-    attempt = Attempt(_exercise(), "correct", print)
+    attempt = Attempt(_exercise().exercise, "correct", print)
     text = _fails(attempt.fail, "on 2 ranks, rank 1 returned 7.")
     assert text == "on 2 ranks, rank 1 returned 7."
 
@@ -59,8 +70,8 @@ def test_attempt_fail_names_the_part():
 def test_forbidden_calls_add_the_parts_own_rules():
     """Does a part's own switched-off calls add to the exercise's, and does the self-check keep only the exercise's?"""
     ex = Exercise(number="9.1", function="f", title="t", forbid=("all_reduce",), forbid_reason="build it",
-                  parts=(Part("hang", 1, "h.", print, forbid=("broadcast",), forbid_reason="order the sends"),
-                         Part("other", 1, "o.", print)))
+                  parts=(Part("hang", 1, "h.", forbid=("broadcast",), forbid_reason="order the sends"),
+                         Part("other", 1, "o.")))
     assert ex.forbidden("hang") == {"all_reduce": "build it", "broadcast": "order the sends"}
     assert ex.forbidden("other") == ex.forbidden(SELF_CHECK) == {"all_reduce": "build it"}
     under = Attempt(ex, SELF_CHECK, print).under("hang")
@@ -72,16 +83,16 @@ def test_forbidden_calls_add_the_parts_own_rules():
 def test_a_declaration_that_cannot_be_graded_is_refused():
     """Are a bad number, twice the same part, and switched-off calls without a reason refused when declared?"""
     with pytest.raises(ValueError, match="should look like '4.1'"):
-        Exercise(number="9", function="f", title="t", parts=(Part("a", 1, "a.", print),))
+        Exercise(number="9", function="f", title="t", parts=(Part("a", 1, "a."),))
     with pytest.raises(ValueError, match="distinct names"):
-        Exercise(number="9.1", function="f", title="t", parts=(Part("a", 1, "a.", print), Part("a", 1, "b.", print)))
+        Exercise(number="9.1", function="f", title="t", parts=(Part("a", 1, "a."), Part("a", 1, "b.")))
     with pytest.raises(ValueError, match="give the forbid_reason"):
-        Part("a", 1, "a.", print, forbid=("send",))
+        Part("a", 1, "a.", forbid=("send",))
 
 
 def test_heading_and_points_come_from_the_declaration():
     """Is a hidden test cell's heading the exercise, the part, its points and what it checks?"""
-    ex = _exercise()
+    ex = _exercise().exercise
     assert ex.heading("correct") == '# Exercise 9.1, part "correct" (2 points): returns 42.'
     assert (ex.points, ex.lesson, ex.label) == (2, 9, "Exercise 9.1")
 
@@ -106,11 +117,13 @@ def test_something_that_is_not_a_function_is_asked_for_by_name():
 
 
 def test_the_learners_copy_says_where_the_hidden_test_went():
-    """Does HIDDEN_CHECK name the exercise, the part and the self-check to run instead?"""
+    """Does grading a part without its check (a learner's copy has none) name the exercise, the part and the
+    self-check to run instead?"""
     ex = Exercise(number="9.1", function="answer", title="t", visible_check=lambda attempt: "ok",
-                  parts=(Part("correct", 1, "c.", HIDDEN_CHECK),))
+                  parts=(Part("correct", 1, "c."),))
     with pytest.raises(HiddenTestUnavailable) as told:
         ex.grade(lambda: 42, "correct")
+    assert 'Exercise 9.1, part "correct": this copy of the course has no hidden tests' in str(told.value)
     assert 'exercise("9.1").self_check(answer)' in str(told.value)
 
 
@@ -144,7 +157,7 @@ def test_a_schedule_that_receives_the_wrong_chunk_names_the_step():
 
 def test_a_wrong_row_names_the_case_and_why_uneven_sizes_matter():
     """4.2-4.4: does a wrong case's feedback give the world size, dtype, shape, rank and the uneven split?"""
-    attempt = Attempt(_exercise(), "correct", print)
+    attempt = Attempt(_exercise().exercise, "correct", print)
     result = [[{"shape": (10,), "dtype": "float32", "ok": False, "why": "first wrong element at flat index 9"}], []]
     text = _fails(judge_rows, attempt, 3, result)
     assert text.startswith("on 3 ranks, a float32 tensor of shape (10,) (10 elements), rank 0: first wrong element")

@@ -45,7 +45,8 @@ import pytest
 
 from _servers import ROOT, get, group_alive
 from conftest import descendants_of, wait_until
-from test_browser import CHROMIUM, CHROMIUM_ARGS, SECONDS, LabPage, _no_browser, _why_no_chromium
+from conftest import CHROMIUM, SECONDS, no_browser, why_no_chromium
+from test_browser import LabPage
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -112,7 +113,7 @@ def _missing() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed: `{how}`"
     if not os.path.exists(CHROMIUM):
-        return _why_no_chromium()
+        return why_no_chromium()
     try:
         import playwright  # noqa: F401
     except ImportError:
@@ -222,7 +223,7 @@ class Hub:
     """`make hub` in its own process group, on a free loopback port, for the module."""
 
     def __init__(self, users: Users, instructor: str, course: Path, work: Path) -> None:
-        from devtools.ports import free_port
+        from helpers._runtime.spec import free_port
 
         self.exchange, self.state, self.log_path = work / "exchange", work / "state", work / "make-hub.log"
         for attempt in range(4):
@@ -291,7 +292,7 @@ def hub_world():
     """The users, the course copy and a running `make hub`; everything removed afterwards."""
     reason = _missing()
     if reason:
-        _no_browser(reason)
+        no_browser(reason)
     from devtools.scratch import course_copy
 
     work = Path(tempfile.mkdtemp(prefix="course-hub-"))
@@ -319,23 +320,13 @@ def hub_world():
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import expect, sync_playwright
+def browser(browser):
+    """The shared chromium (tests/conftest.py), with Playwright's expectations waiting up to a minute: the hub's
+    pages come from three users' servers on a busy machine."""
+    from playwright.sync_api import expect
 
     expect.set_options(timeout=60 * SECONDS)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture(scope="module")
-def shots():
-    folder = Path(os.environ.get("BROWSER_SCREENSHOTS") or ROOT / "browser-screenshots").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return browser
 
 
 # --------------------------------------------------------------------------- people in the browser

@@ -708,7 +708,7 @@ def test_a_factory_forked_from_its_process_runs_and_reports_ranks_as_a_fresh_one
     factory hold none of the parent's files, only /dev/null and what it made itself?"""
     script = tmp_path / "parent_script.py"
     script.write_text(_FORKED_FACTORY)
-    env = {**os.environ, "HELPERS_PRESTART": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:1].isupper() and " " in line)

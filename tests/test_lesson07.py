@@ -17,8 +17,9 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from autograder.lessons.kit import GradingFailure
-from autograder.lessons.registry import exercise
+from autograder.kit.exercise import GradingFailure
+from autograder.kit.registry import exercise
+from autograder.hidden import grade
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def _feedback(fn, part: str = "runs") -> str:
         if part == "self-check":
             exercise("7.1").self_check(fn)
         else:
-            exercise("7.1").grade(fn, part)
+            grade("7.1", fn, part)
     return str(failed.value)
 
 
@@ -144,7 +145,7 @@ def test_the_group_of_a_right_answer_is_gone_before_its_process_exits(tmp_path):
     import importlib.util
 
     from autograder.lessons.lesson07 import COURSE
-    from autograder.lessons.torchrun import run_script
+    from autograder.kit.torchrun import run_script
     from devtools.scratch import solution_source
 
     if not os.path.isdir("/proc/self/task"):
@@ -169,14 +170,14 @@ def test_a_peer_that_lost_its_connection_comes_after_the_rank_whose_end_caused_i
     """From the records a job leaves: rank 1 killed (its agent noticed it late, in whole seconds) and rank 3 raising
     gloo's 'Connection reset by peer' a moment before that: is rank 1 the first to fail, rank 3 after it, and one
     stopped by its agent (SIGTERM) last? (Under load the agent's late time once put rank 3 first.)"""
-    from autograder.lessons.torchrun import ScriptRun, _read_records
+    from autograder.kit.torchrun import ScriptRun, _read_records
 
     (tmp_path / "failures-0.json").write_text(json.dumps([
         {"rank": 1, "local_rank": 1, "exitcode": -9, "timestamp": 1700000002},
         {"rank": 0, "local_rank": 0, "exitcode": -15, "timestamp": 1700000002}]))
     (tmp_path / "failures-1.json").write_text(json.dumps([{"rank": 3, "local_rank": 1, "exitcode": 1,
                                                            "timestamp": 1700000003}]))
-    error = tmp_path / "error-3.json"
+    error = tmp_path / "error-3-0.json"
     error.write_text(json.dumps({"type": "RuntimeError", "frames": [], "message": "[../gloo/transport/tcp/pair.cc:537] "
                                  "Read error [127.0.0.1]:22253: Connection reset by peer. This is typically caused by a "
                                  "remote worker hanging"}))

@@ -1,6 +1,6 @@
 """Exercises 11.1-11.3's checks against right answers written other ways and against the usual wrong ones.
 
-Each test grades a part the way a hidden test cell does (``exercise("11.1").grade(...)``) on
+Each test grades a part the way a hidden test cell does (``grade("11.1", ...)``) on
 fresh gloo ranks, and reads the feedback a learner would read: every hole a graded answer could
 slip through (holding every key, a collective, a merge that forgets to rescale, a mask built
 from the wrong positions, a schedule that deadlocks, computing what the mask hides) is closed
@@ -12,12 +12,17 @@ from __future__ import annotations
 import pytest
 
 from autograder import exercise
-from autograder.lessons.harness import GradingFailure
+from autograder.kit.harness import GradingFailure
+from autograder.hidden import grade
 
 # The answers, defined outside this module so that the ranks receive them by value (cloudpickle).
 _SOURCE = '''
+import math
+
 import torch
 import torch.distributed as dist
+
+from autograder.answers.lesson11 import block_attention, merge_blocks
 
 
 def _block(q, k, v, mask=None):
@@ -251,7 +256,7 @@ def zigzag_contiguous_mask(q, k, v):
 
 def zigzag_uneven(q, k, v):
     """The instructor's zig-zag, plus one more block of scores on rank 0 only: right values, uneven work."""
-    from autograder.lessons.reference_attention import zigzag_attention
+    from autograder.answers.lesson11 import zigzag_attention
 
     if dist.get_rank() == 0:
         q @ k.transpose(-1, -2)
@@ -260,7 +265,7 @@ def zigzag_uneven(q, k, v):
 
 def ulysses_twice(q, k, v, causal=False):
     """The instructor's Ulysses, then the output exchanged a second time for nothing: right values, 4 blocks too many."""
-    from autograder.lessons.reference_attention import ulysses_attention
+    from autograder.answers.lesson11 import ulysses_attention
 
     out = ulysses_attention(q, k, v, causal)
     dist.all_to_all_single(torch.empty_like(out), out.contiguous())
@@ -288,6 +293,148 @@ def ulysses_gathers(q, k, v, causal=False):
     ks = [torch.empty_like(k) for _ in range(dist.get_world_size())]
     dist.all_gather(ks, k)
     return q
+
+
+def returns_q(q, k, v, causal=False):
+    """Sends nothing, so it cannot hang."""
+    return q
+
+def keeps_the_blocks_then_merges(q, k, v, causal=False):
+    """Right values and ring traffic, every block a tensor of its own, but all of them kept and merged after the ring."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]
+    blocks=[torch.stack((k,v))]
+    for step in range(p-1):
+        incoming = torch.empty_like(blocks[-1])
+        reqs=[dist.isend(blocks[-1],(rank+1)%p), dist.irecv(incoming,(rank-1)%p)]
+        for r in reqs: r.wait()
+        blocks.append(incoming)
+    acc=None
+    for step, kv in enumerate(blocks):
+        owner = (rank - step) % p
+        if causal and owner > rank: continue
+        mask = torch.ones(n, n, dtype=torch.bool).tril() if causal and owner == rank else None
+        acc = merge_blocks(acc, block_attention(q,kv[0],kv[1], mask))
+    o,_,l=acc; return o/l
+
+def lse_merge_in_float64(q, k, v, causal=False):
+    """Right, another shape: blocks merged through their log-sum-exp, scores in float64 for any input, K and V as
+    two messages a step."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; out = lse = None
+    for step in range(p):
+        if step < p - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            reqs = [dist.isend(k, (rank+1)%p), dist.isend(v, (rank+1)%p), dist.irecv(k_in, (rank-1)%p), dist.irecv(v_in, (rank-1)%p)]
+        owner = (rank - step) % p
+        if not causal or owner <= rank:
+            s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if causal and owner == rank:
+                s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+            block_lse = torch.logsumexp(s, -1, keepdim=True)
+            block_out = torch.softmax(s, -1) @ v.double()
+            if out is None:
+                out, lse = block_out, block_lse
+            else:
+                new = torch.logaddexp(lse, block_lse)
+                out = out * torch.exp(lse - new) + block_out * torch.exp(block_lse - new)
+                lse = new
+        if step < p - 1:
+            for r in reqs: r.wait()
+            k, v = k_in, v_in
+    return out.to(q.dtype)
+
+def zigzag_alone(q, k, v):
+    """No communication: causal attention over the rank's own two chunks."""
+    n = q.shape[-2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+def zigzag_straight_to_every_rank(q, k, v):
+    """Right values and even work, but every rank's keys and values sent straight to every rank: no ring."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; c = n // 2
+    kv = torch.stack((k, v)); got = {rank: kv}
+    reqs = []
+    bufs = {}
+    for j in range(p):
+        if j != rank:
+            reqs.append(dist.isend(kv, j)); bufs[j] = torch.empty_like(kv); reqs.append(dist.irecv(bufs[j], j))
+    for r in reqs: r.wait()
+    got.update(bufs)
+    whole = late = None
+    for source in range(p):
+        kvs = got[source]
+        if source == rank:
+            whole = merge_blocks(whole, block_attention(q, kvs[0], kvs[1], torch.ones(n, n, dtype=torch.bool).tril()))
+        elif source < rank:
+            whole = merge_blocks(whole, block_attention(q, kvs[0, :, :c], kvs[1, :, :c]))
+        else:
+            late = merge_blocks(late, block_attention(q[:, c:], kvs[0], kvs[1]))
+    o, m, l = whole
+    if late is not None:
+        o2, m2, l2 = merge_blocks((o[:, c:], m[:, c:], l[:, c:]), late)
+        o, l = torch.cat((o[:, :c], o2), 1), torch.cat((l[:, :c], l2), 1)
+    return o / l
+
+def zigzag_three_diagonal_products(q, k, v):
+    """Right, another shape: the diagonal block as three c x c products, K and V as two messages a step."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    n = q.shape[-2]; c = n // 2
+    tri = torch.ones(c, c, dtype=torch.bool).tril()
+    first = second = None
+    for step in range(p):
+        if step < p - 1:
+            k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+            reqs = [dist.isend(k, (rank+1)%p), dist.isend(v, (rank+1)%p), dist.irecv(k_in, (rank-1)%p), dist.irecv(v_in, (rank-1)%p)]
+        owner = (rank - step) % p
+        if owner == rank:
+            first = merge_blocks(first, block_attention(q[:, :c], k[:, :c], v[:, :c], tri))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, :c], v[:, :c]))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, c:], v[:, c:], tri))
+        elif owner < rank:
+            first = merge_blocks(first, block_attention(q[:, :c], k[:, :c], v[:, :c]))
+            second = merge_blocks(second, block_attention(q[:, c:], k[:, :c], v[:, :c]))
+        else:
+            second = merge_blocks(second, block_attention(q[:, c:], k, v))
+        if step < p - 1:
+            for r in reqs: r.wait()
+            k, v = k_in, v_in
+    return torch.cat((first[0] / first[2], second[0] / second[2]), 1)
+
+def ulysses_all_gather(q, k, v, causal=False):
+    """An all-gather made of all_to_all: every rank's keys and values to every rank, no heads split."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    h, n, d = q.shape
+    def gather(x):
+        out = torch.empty(p, h, n, d, dtype=x.dtype)
+        dist.all_to_all_single(out, x.unsqueeze(0).expand(p, h, n, d).contiguous())
+        return out.permute(1, 0, 2, 3).reshape(h, p * n, d)
+    kk, vv = gather(k), gather(v)
+    s = q @ kk.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        pos = torch.arange(rank * n, (rank + 1) * n)
+        s = s.masked_fill(torch.arange(p * n)[None, :] > pos[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ vv
+
+def ulysses_packed(q, k, v, causal=False):
+    """Right, another shape: q, k and v packed into one all_to_all."""
+    p = dist.get_world_size()
+    h, n, d = q.shape
+    qkv = torch.stack((q, k, v))                      # (3, h, n, d)
+    send = qkv.reshape(3, p, h // p, n, d).transpose(0, 1).contiguous()   # piece j: heads block j of q, k, v
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send)                 # got[j]: rank j's tokens of my heads
+    qh, kh, vh = got.permute(1, 2, 0, 3, 4).reshape(3, h // p, p * n, d)
+    s = qh @ kh.transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(~torch.ones(p * n, p * n, dtype=torch.bool).tril(), float("-inf"))
+    out = torch.softmax(s, -1) @ vh                   # (h/p, p n, d)
+    back = out.reshape(h // p, p, n, d).transpose(0, 1).contiguous()
+    res = torch.empty_like(back)
+    dist.all_to_all_single(res, back)
+    return res.reshape(h, n, d)
 '''
 _ANSWERS = {"__name__": "lesson11_test_answers"}
 exec(compile(_SOURCE, "<11.x test answers>", "exec"), _ANSWERS)
@@ -300,7 +447,7 @@ def test_11_1_gives_full_marks_to_k_and_v_as_two_messages_or_batched(factory, an
     n x s boolean tensor, sliced per block (fewer bytes than a block of scores)?"""
     ex = exercise("11.1")
     for part in ("correct", "ring", "memory"):
-        ex.grade(_ANSWERS[answer], part)
+        grade(ex.number, _ANSWERS[answer], part)
 
 
 def test_11_1_refuses_all_gather_with_the_exercises_reason(factory):
@@ -308,7 +455,7 @@ def test_11_1_refuses_all_gather_with_the_exercises_reason(factory):
     ex = exercise("11.1")
     with pytest.raises(GradingFailure, match=r"ring: rank \d called a built-in collective.*all_gather is switched off "
                                              r"here") as info:
-        ex.grade(_ANSWERS["gathers_with_all_gather"], "ring")
+        grade(ex.number, _ANSWERS["gathers_with_all_gather"], "ring")
     assert ex.forbid_reason in str(info.value)
 
 
@@ -316,11 +463,12 @@ def test_11_1_memory_fails_an_answer_that_holds_every_key(factory):
     """Does an answer with right values and ring traffic that concatenates every rank's keys pass correct and ring
     but fail memory, naming the tensor and saying that it holds every rank's keys?"""
     ex = exercise("11.1")
-    ex.grade(_ANSWERS["holds_every_key"], "correct")
-    ex.grade(_ANSWERS["holds_every_key"], "ring")
-    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(1,536 "
-                                             r"bytes, by aten\.cat\.default\); the most a step needs is 1,024 bytes.*every rank's keys or values at once"):
-        ex.grade(_ANSWERS["holds_every_key"], "memory")
+    grade(ex.number, _ANSWERS["holds_every_key"], "correct")
+    grade(ex.number, _ANSWERS["holds_every_key"], "ring")
+    with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, .*created a tensor of shape \(2, 24, 4\) \(192 "
+                                             r"numbers, by aten\.cat\.default\); the most a step needs is 128.*every "
+                                             r"rank's keys or values at once"):
+        grade(ex.number, _ANSWERS["holds_every_key"], "memory")
 
 
 def test_11_1_memory_fails_an_answer_that_switches_the_recorder_off(factory):
@@ -328,7 +476,7 @@ def test_11_1_memory_fails_an_answer_that_switches_the_recorder_off(factory):
     recorder then sees fewer scores than every query against every key takes?"""
     with pytest.raises(GradingFailure, match=r"memory: on 3 ranks, not causal, float64, rank 0: the recorder saw 0 "
                                              r"scores computed, fewer than the 384"):
-        exercise("11.1").grade(_ANSWERS["hides_from_the_recorder"], "memory")
+        grade("11.1", _ANSWERS["hides_from_the_recorder"], "memory")
 
 
 def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
@@ -336,21 +484,21 @@ def test_11_1_names_the_merge_that_forgets_to_rescale(factory):
     exp(m_old - m_new)) in the feedback?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*differs from one process's full attention.*"
                                              r"merging the blocks without rescaling.*exp\(m_old - m_new\)"):
-        exercise("11.1").grade(_ANSWERS["ring_no_rescale"], "correct")
+        grade("11.1", _ANSWERS["ring_no_rescale"], "correct")
 
 
 def test_11_1_names_a_division_before_the_last_block(factory):
     """Does an answer that divides by the running sum at every step fail correct, saying to divide once at the end?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, .*dividing by the running sum at every step.*"
                                              r"divide by the sum l once, after the last block"):
-        exercise("11.1").grade(_ANSWERS["ring_divides_each_step"], "correct")
+        grade("11.1", _ANSWERS["ring_divides_each_step"], "correct")
 
 
 def test_11_1_names_an_output_never_divided(factory):
     """Does an answer that returns the merged o without dividing by l fail correct already on 1 rank, saying to
     return o / l?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 1 rank, .*never divided by their sum.*return o / l"):
-        exercise("11.1").grade(_ANSWERS["ring_never_divides"], "correct")
+        grade("11.1", _ANSWERS["ring_never_divides"], "correct")
 
 
 def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):
@@ -358,7 +506,7 @@ def test_11_1_points_at_the_blocks_when_k_and_v_travel_apart(factory):
     3 ranks, saying that K and V must come from the same rank, sent in the same step?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 3 ranks, .*the K and V you compute with at each step "
                                              r"must come from the same rank, sent in the same step"):
-        exercise("11.1").grade(_ANSWERS["ring_kv_apart"], "correct")
+        grade("11.1", _ANSWERS["ring_kv_apart"], "correct")
 
 
 def test_11_1_names_a_causal_mask_from_global_query_positions(factory):
@@ -367,16 +515,16 @@ def test_11_1_names_a_causal_mask_from_global_query_positions(factory):
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, float64, rank 1: .*compares the "
                                              r"query's position in the whole sequence with the key's position inside "
                                              r"its block"):
-        exercise("11.1").grade(_ANSWERS["ring_global_query_mask"], "correct")
+        grade("11.1", _ANSWERS["ring_global_query_mask"], "correct")
 
 
 def test_11_1_counts_a_block_passed_on_once_too_often(factory):
     """Does a ring that sends p blocks instead of p - 1 (right values) fail the ring part, with the counts?"""
     ex = exercise("11.1")
-    ex.grade(_ANSWERS["ring_one_send_too_many"], "correct")
+    grade(ex.number, _ANSWERS["ring_one_send_too_many"], "correct")
     with pytest.raises(GradingFailure, match=r"ring: on 2 ranks, not causal, float64, rank \d sent \d+ bytes and "
                                              r"received \d+ in 2 messages: 1.5 key/value blocks.*p - 1 = 1 block of keys"):
-        exercise("11.1").grade(_ANSWERS["ring_one_send_too_many"], "ring")
+        grade("11.1", _ANSWERS["ring_one_send_too_many"], "ring")
 
 
 def test_11_1_no_hang_ends_a_deadlocked_ring_promptly_with_the_fix(factory):
@@ -386,7 +534,7 @@ def test_11_1_no_hang_ends_a_deadlocked_ring_promptly_with_the_fix(factory):
 
     start = time.monotonic()
     with pytest.raises(GradingFailure, match=r"(?s)no_hang: .*dist\.isend to the right and dist\.irecv from the left"):
-        exercise("11.1").grade(_ANSWERS["ring_blocking"], "no_hang")
+        grade("11.1", _ANSWERS["ring_blocking"], "no_hang")
     assert time.monotonic() - start < 20
 
 
@@ -394,17 +542,17 @@ def test_11_2_balanced_fails_an_answer_that_masks_instead_of_skipping(factory):
     """Does a zig-zag answer with right values that computes every block whole and masks it fail balanced, quoting
     the most scores a rank may compute and how many it did?"""
     ex = exercise("11.2")
-    ex.grade(_ANSWERS["zigzag_unskipped"], "correct")
+    grade(ex.number, _ANSWERS["zigzag_unskipped"], "correct")
     with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, each rank computed 144 scores; skipping what the "
                                              r"causal mask hides leaves at most 108 \(144 without skipping\)"):
-        ex.grade(_ANSWERS["zigzag_unskipped"], "balanced")
+        grade(ex.number, _ANSWERS["zigzag_unskipped"], "balanced")
 
 
 def test_11_2_names_the_contiguous_layouts_mask(factory):
     """Does 11.1's causal ring run on the zig-zag layout fail correct, naming the layout's positions?"""
     with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, .*mask of Exercise 11\.1's contiguous "
                                              r"layout.*zigzag_positions"):
-        exercise("11.2").grade(_ANSWERS["zigzag_contiguous_mask"], "correct")
+        grade("11.2", _ANSWERS["zigzag_contiguous_mask"], "correct")
 
 
 def test_11_2_balanced_names_uneven_work(factory):
@@ -412,17 +560,17 @@ def test_11_2_balanced_names_uneven_work(factory):
     listing each rank's count?"""
     with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, the ranks computed \[180, 108\] scores: the "
                                              r"zig-zag split gives every rank the same causal work"):
-        exercise("11.2").grade(_ANSWERS["zigzag_uneven"], "balanced")
+        grade("11.2", _ANSWERS["zigzag_uneven"], "balanced")
 
 
 def test_11_3_exchange_counts_the_bytes_through_all_to_all(factory):
     """Does a Ulysses answer with right values that exchanges its output twice more lose the exchange part, with the
     bytes it moved and the 4 blocks it should?"""
     ex = exercise("11.3")
-    ex.grade(_ANSWERS["ulysses_twice"], "correct")
+    grade(ex.number, _ANSWERS["ulysses_twice"], "correct")
     with pytest.raises(GradingFailure, match=r"exchange: on 2 ranks, not causal, float64, rank 0 passed 3456 bytes "
                                              r"through all_to_all; .*4 x 576 = 2304 bytes per rank"):
-        ex.grade(_ANSWERS["ulysses_twice"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_twice"], "exchange")
 
 
 def test_11_3_list_form_all_to_all_earns_full_marks_or_is_told_to_use_all_to_all_single(factory):
@@ -430,12 +578,12 @@ def test_11_3_list_form_all_to_all_earns_full_marks_or_is_told_to_use_all_to_all
     (torch 2.4: "Backend gloo does not support alltoall"), does the learner read that all_to_all_single runs?"""
     ex = exercise("11.3")
     try:
-        ex.grade(_ANSWERS["ulysses_list"], "correct")
+        grade(ex.number, _ANSWERS["ulysses_list"], "correct")
     except GradingFailure as failure:
         assert "does not support alltoall" in str(failure) and "use dist.all_to_all_single(output, input)" in str(failure)
         assert "fault in the course's grading code" not in str(failure)
     else:
-        ex.grade(_ANSWERS["ulysses_list"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_list"], "exchange")
 
 
 def test_11_3_refuses_all_gather(factory):
@@ -443,8 +591,126 @@ def test_11_3_refuses_all_gather(factory):
     ex = exercise("11.3")
     with pytest.raises(GradingFailure, match=r"exchange: rank \d called a built-in collective.*all_gather is switched "
                                              r"off here") as info:
-        ex.grade(_ANSWERS["ulysses_gathers"], "exchange")
+        grade(ex.number, _ANSWERS["ulysses_gathers"], "exchange")
     assert ex.forbid_reason in str(info.value)
+
+
+def test_11_1_memory_fails_a_list_of_received_blocks_merged_after_the_ring(factory):
+    """Does an answer that keeps every received block as a tensor of its own (none larger than the limit) and merges
+    them after the ring lose memory, because what it holds grows from 3 ranks to 4, by one block pair? (That it loses
+    memory alone, through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.1")
+    answer = _ANSWERS["keeps_the_blocks_then_merges"]
+    with pytest.raises(GradingFailure, match=r"memory: not causal, float64: the tensors your function created and still "
+                                             r"held at one moment took up to [\d,]+ bytes on 4 ranks and [\d,]+ on 3: "
+                                             r"1,024 bytes more for 1 rank more.*a list of the received blocks"):
+        grade(ex.number, answer, "memory")
+
+
+def test_11_1_memory_counts_numbers_so_float64_scores_of_float32_inputs_pass(factory):
+    """Does a ring that computes its scores in float64 whatever its inputs (blocks merged through their log-sum-exp,
+    K and V as two messages) earn the memory part, its float64 block of scores for float32 inputs being as many
+    numbers as the limit allows? (Every part, through the grade command: tests/test_grading_e2e_11.py.)"""
+    grade("11.1", _ANSWERS["lse_merge_in_float64"], "memory")
+
+
+def test_11_1_float32_tolerance_admits_every_right_merge_and_no_usual_mistake():
+    """On 30 seeds, 2 and 4 ranks, causal and not, does every rank's float32 output of a rescaling merge and of a
+    log-sum-exp merge stay within cpdata.tolerance, while every usual mistake's output (on 3 of those seeds) stays
+    far outside it?"""
+    import math
+
+    import torch
+
+    from autograder.lessons.cpcheck import _data
+    from autograder.lessons.cpdata import full_attention, mistakes, tolerance
+
+    def merged(q, ks, vs, masks, lse):
+        out = m = l = None
+        for k, v, mask in zip(ks, vs, masks):
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            if lse:
+                block, block_lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1, keepdim=True)
+                if out is None:
+                    out, m = block, block_lse
+                else:
+                    new = torch.logaddexp(m, block_lse)
+                    out, m = out * torch.exp(m - new) + block * torch.exp(block_lse - new), new
+                continue
+            bm = s.amax(-1, keepdim=True)
+            e = torch.exp(s - bm)
+            if out is None:
+                out, m, l = e @ v, bm, e.sum(-1, keepdim=True)
+            else:
+                top = torch.maximum(m, bm)
+                out = out * torch.exp(m - top) + (e @ v) * torch.exp(bm - top)
+                l, m = l * torch.exp(m - top) + e.sum(-1, keepdim=True) * torch.exp(bm - top), top
+        return out if lse else out / l
+
+    worst, closest = 0.0, float("inf")
+    for seed in range(30):
+        for p in (2, 4):
+            for causal in (False, True):
+                q, k, v = _data(seed, 2, 8 * p, 4, "float32")
+                tol = tolerance("float32", q, k, v)
+                want = full_attention(q.double(), k.double(), v.double(), causal)
+                for rank in range(p):
+                    mine = slice(8 * rank, 8 * rank + 8)
+                    order = [(rank - step) % p for step in range(p) if not causal or (rank - step) % p <= rank]
+                    ks = [k[:, 8 * j:8 * j + 8] for j in order]
+                    vs = [v[:, 8 * j:8 * j + 8] for j in order]
+                    masks = [torch.ones(8, 8, dtype=torch.bool).tril() if causal and j == rank else None for j in order]
+                    for lse in (False, True):
+                        error = float((merged(q[:, mine], ks, vs, masks, lse).double() - want[:, mine]).abs().max())
+                        worst = max(worst, error / tol)
+                    if seed >= 3:
+                        continue
+                    for got in mistakes(q.double(), k.double(), v.double(), rank, p, "ring", causal, 8).values():
+                        error = float((got - want[:, mine]).abs().max())
+                        if error > 1e-9:  # a mistake that happens to be right here (on rank 0, say) says nothing
+                            closest = min(closest, error / tol)
+    assert worst < 0.5, f"a right float32 merge reached {worst:.2f} of the tolerance"
+    assert closest > 10, f"a usual mistake came within {closest:.2f} tolerances of the right output"
+
+
+def test_11_1_no_hang_pays_only_a_ring_that_passed_its_blocks(factory):
+    """Does an answer that returns q at once (it sends nothing, so it cannot hang) lose no_hang, saying what the part
+    pays for?"""
+    with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks, rank 0 finished, but sent 0 bytes to rank 1 and "
+                                             r"received 0 from rank 1; a ring attention passes p - 1 = 1 block"):
+        grade("11.1", _ANSWERS["returns_q"], "no_hang")
+
+
+def test_11_2_balanced_pays_only_the_rings_work_done_evenly(factory):
+    """Does a zig-zag answer with no communication lose balanced with fewer scores than the mask leaves visible,
+    and correct naming what it computed with, one that sends every rank's keys straight to every rank lose balanced
+    (not a ring), and one that computes the diagonal block as three products pass the self-check? (Their grades
+    through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.2")
+    with pytest.raises(GradingFailure, match=r"(?s)correct: on 2 ranks, causal, float64, rank 0: .*own keys and values "
+                                             r"alone"):
+        grade(ex.number, _ANSWERS["zigzag_alone"], "correct")
+    with pytest.raises(GradingFailure, match=r"balanced: on 2 ranks, each rank computed 72 scores, fewer than the 78 its "
+                                             r"queries see through the causal mask"):
+        grade(ex.number, _ANSWERS["zigzag_alone"], "balanced")
+    with pytest.raises(GradingFailure, match=r"balanced: on 3 ranks, causal, float64, rank 0 sent to rank 2; in a ring "
+                                             r"each rank sends only to its right neighbour"):
+        grade(ex.number, _ANSWERS["zigzag_straight_to_every_rank"], "balanced")
+    ex.self_check(_ANSWERS["zigzag_three_diagonal_products"])
+
+
+def test_11_3_an_all_gather_made_of_all_to_all_fails_the_self_check(factory):
+    """Does a Ulysses that all-gathers the keys and values with all_to_all (right values; on 2 ranks as many bytes as
+    the heads split) fail its self-check, naming the all-gather, while q, k and v packed into one all_to_all pass it?
+    (The exchange part of both, through the grade command: tests/test_grading_e2e_11.py.)"""
+    ex = exercise("11.3")
+    with pytest.raises(GradingFailure, match=r"self-check: on 4 ranks, not causal, float64, rank 0 passed 4608 bytes "
+                                             r"through all_to_all.*8 blocks are your keys and values sent whole to each "
+                                             r"of the 4 ranks: an all-gather made of all_to_all"):
+        ex.self_check(_ANSWERS["ulysses_all_gather"])
+    ex.self_check(_ANSWERS["ulysses_packed"])
 
 
 def test_recorder_sees_the_largest_tensor_and_counts_scores_only():

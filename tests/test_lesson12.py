@@ -1,6 +1,6 @@
 """Exercises 12.1-12.3's checks against right answers written other ways and against the usual wrong ones.
 
-Each test grades a part the way a hidden test cell does (``exercise("12.1").grade(...)``), with the learner's
+Each test grades a part the way a hidden test cell does (``grade("12.1", fn, part)``), with the learner's
 function on a fresh rank and small layouts measured on CPU ranks (once per test process: the parts share them),
 and reads the feedback a learner would read. The wrong answers are the course's planner with one usual mistake
 made: the optimizer state counted on every rank under ZeRO, every micro-batch's activations under 1F1B, the norms
@@ -13,10 +13,11 @@ from __future__ import annotations
 import pytest
 
 from autograder import exercise
-from autograder.lessons.harness import GradingFailure
+from autograder.hidden import grade
+from autograder.kit.harness import GradingFailure
 
 _SOURCE = '''
-from autograder.lessons import reference_plan as ref
+from autograder.answers import lesson12 as ref
 from helpers.plan import Layout
 
 
@@ -120,25 +121,24 @@ exec(compile(_SOURCE, "<12.x test answers>", "exec"), _ANSWERS)
 
 def _fails(number: str, answer: str, part: str, pattern: str) -> None:
     with pytest.raises(GradingFailure, match=pattern):
-        exercise(number).grade(_ANSWERS[answer], part)
+        grade(number, _ANSWERS[answer], part)
 
 
 def test_the_course_planner_earns_every_part(factory):
     """Do the instructor's three answers pass every hidden part of 12.1-12.3?"""
-    from autograder.lessons import reference_plan as ref
+    from autograder.answers import lesson12 as ref
 
     for number, fn in (("12.1", ref.plan_memory), ("12.2", ref.plan_traffic), ("12.3", ref.choose_layout)):
-        ex = exercise(number)
-        for part in ex.parts:
-            ex.grade(fn, part.name)
+        for part in exercise(number).parts:
+            grade(number, fn, part.name)
 
 
 def test_right_answers_of_other_shapes_earn_full_marks(factory):
     """Does a memory plan of tuples and whole numbers, and a traffic plan listing zero-byte entries, earn every part?"""
     for part in ("small", "large", "recompute"):
-        exercise("12.1").grade(_ANSWERS["memory_as_tuples"], part)
+        grade("12.1", _ANSWERS["memory_as_tuples"], part)
     for part in ("small", "large"):
-        exercise("12.2").grade(_ANSWERS["traffic_with_zeros"], part)
+        grade("12.2", _ANSWERS["traffic_with_zeros"], part)
 
 
 @pytest.mark.parametrize("part", ["small", "large"])
@@ -194,7 +194,7 @@ def test_12_3_refuses_a_layout_that_leaves_gpus_out(factory):
 
 def test_12_3_fast_compares_with_the_course_search(factory):
     """Does a layout that fits but is the slowest the search found pass fits and fail fast, naming the search's best?"""
-    exercise("12.3").grade(_ANSWERS["slow_but_fits"], "fits")
+    grade("12.3", _ANSWERS["slow_but_fits"], "fits")
     _fails("12.3", "slow_but_fits", "fast", r"the course's search finds .* at [\d,]+ ms, and a layout within 10% of it "
                                             r"passes")
 
@@ -204,7 +204,7 @@ def test_sealed_modules_are_read_from_a_descriptor_and_closed(tmp_path, monkeypa
     import os
     import sys
 
-    from autograder.lessons import sealed
+    from autograder.hidden import sealed
 
     source = tmp_path / "planted.py"
     source.write_text("ANSWER = 42\n")
@@ -212,9 +212,9 @@ def test_sealed_modules_are_read_from_a_descriptor_and_closed(tmp_path, monkeypa
     monkeypatch.setenv(sealed.ENV, f"planted:{fd}")
     try:
         assert sealed.unseal() == ["planted"]
-        assert sys.modules["autograder.lessons.planted"].ANSWER == 42
+        assert sys.modules["autograder.answers.planted"].ANSWER == 42
         assert sealed.ENV not in os.environ
         with pytest.raises(OSError):
             os.fstat(fd)
     finally:
-        sys.modules.pop("autograder.lessons.planted", None)
+        sys.modules.pop("autograder.answers.planted", None)

@@ -89,7 +89,7 @@ def test_lanes_show_each_unit_and_the_idle_ones():
 def _pipeline_rank(rank, world_size, schedule_name, m):
     import torch
 
-    from autograder.lessons import reference
+    from autograder.answers import lesson10 as reference
     from helpers.pipeline import Stage
 
     torch.manual_seed(0)
@@ -147,13 +147,36 @@ def test_a_stage_used_wrongly_says_how(what, says):
     assert says in launch(_misuse, 1, args=(what,), output="quiet", timeout=60)[0]
 
 
+def test_a_stage_with_frozen_and_unused_parameters_leaves_their_grad_none():
+    """Does a stage whose layer is frozen (requires_grad=False), beside a parameter its forward never uses, run its
+    backward, return no input gradient on the first stage and leave every .grad None, as torch's autograd does?"""
+    import torch
+
+    from helpers.pipeline import Stage
+
+    class Frozen(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4).requires_grad_(False)
+            self.unused = torch.nn.Parameter(torch.zeros(4))
+
+        def forward(self, x):
+            return self.layer(x)
+
+    stage = Stage(Frozen(), (2, 4), (2, 4), rank=0, num_stages=1)
+    stage.forward(0, torch.ones(2, 4), torch.zeros(2, 4))
+    assert stage.backward(0, 1.0) is None
+    assert [p.grad for p in stage.parameters()] == [None, None, None]
+    assert stage.held == 0 and [kind for kind, *_ in stage.steps] == ["forward", "backward"]
+
+
 # -- past 1F1B: chunks and a split backward ------------------------------------------------------
 
 
 def _chunked_rank(rank, world_size, m):
     import torch
 
-    from autograder.lessons.reference import interleaved_step
+    from autograder.answers.lesson10 import interleaved_step
     from helpers.pipeline import Stage
 
     torch.manual_seed(0)

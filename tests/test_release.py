@@ -27,11 +27,11 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 from nbclient import NotebookClient
 
-from autograder.course import colab
+from autograder.notebooks import colab
 from autograder.release import ReleaseError, build
 from autograder.release import main as release_main
 from autograder.release.checks import is_placeholder
-from autograder.release.rules import KEPT_MODULES
+from autograder.release.rules import INSTRUCTOR_ONLY, SHIPPED
 from devtools.scratch import solution_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,59 +78,52 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def _top_level_definitions(tree: ast.Module) -> dict[str, ast.stmt]:
-    found: dict[str, ast.stmt] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
-            found[stmt.name] = stmt
-        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
-                found.update((n.id, stmt) for n in ast.walk(target) if isinstance(n, ast.Name))
+def _shipped_sources(root: Path = ROOT) -> list[str]:
+    """The Python files of autograder/ that learners get (``rules.SHIPPED``), as paths inside ``root``."""
+    found = []
+    for shipped in SHIPPED:
+        place = root / "autograder" / shipped
+        found += [place] if place.is_file() else [p for p in place.rglob("*.py") if "__pycache__" not in p.parts]
+    return sorted(str(p.relative_to(root)) for p in found)
+
+
+def _instructor_definitions(root: Path = ROOT) -> dict[str, str]:
+    """Every top-level function and class of the instructor's answers and hidden checks, by its source text."""
+    found = {}
+    for package in ("answers", "hidden"):
+        for path in sorted((root / "autograder" / package).rglob("*.py")):
+            source = path.read_text()
+            for node in ast.parse(source).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    found[ast.get_source_segment(source, node)] = f"{path.relative_to(root)}: {node.name}"
     return found
 
 
-def _reach(names: set[str], definitions: dict[str, ast.stmt]) -> set[str]:
-    """The top-level definitions ``names`` lead to, following every name their code uses."""
-    seen: set[str] = set()
-    todo = [n for n in names if n in definitions]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += [n.id for n in ast.walk(definitions[name]) if isinstance(n, ast.Name) and n.id in definitions]
-    return seen
-
-
-def _hidden_and_visible(module: str) -> tuple[set[str], set[str]]:
-    """For an instructor lesson module: the definitions only hidden parts reach, and those the rest reaches."""
-    tree = ast.parse((ROOT / "autograder" / "lessons" / f"{module}.py").read_text())
-    definitions = _top_level_definitions(tree)
-    checks: list[ast.expr] = []
-    declared: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Part":
-            positional = node.args[3] if len(node.args) > 3 else None
-            checks.append(next((k.value for k in node.keywords if k.arg == "check"), positional))
-    check_nodes = {id(n) for c in checks for n in ast.walk(c)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exercise":
-            declared |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in check_nodes}
-    hidden = _reach({n.id for c in checks for n in ast.walk(c) if isinstance(n, ast.Name)}, definitions)
-    visible = _reach(declared, definitions)
-    return hidden - visible, visible
+def instructor_code_in(folder: Path) -> list[str]:
+    """Where a file under ``folder`` holds a function or class of the answers or hidden checks (by its text),
+    or is one of their modules: ``"file: what"``; [] when none."""
+    definitions = _instructor_definitions()
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder)
+        if rel.parts[:2] in {("autograder", name) for name in INSTRUCTOR_ONLY}:
+            found.append(f"{rel}: a module of autograder/{rel.parts[1]}")
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{rel}: {where}" for source, where in definitions.items() if source in text]
+    return found
 
 
 # -- what is in it --------------------------------------------------------------------------
 
 
 def test_release_holds_the_course_helpers_and_self_checks(release):
-    """Does the release hold the learner notebooks as committed, all of helpers/, the self-check
-    modules and the learner's project files, and nothing else?"""
+    """Does the release hold the learner notebooks as committed, all of helpers/, the shipped packages of
+    autograder/ as they are in the checkout, and the learner's project files, and nothing else?"""
     files = _files(release)
     notebooks = sorted(str(p.relative_to(ROOT)) for p in _course_notebooks())
     helpers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "helpers").rglob("*.py"))
-    autograder = sorted(["autograder/__init__.py"] + [f"autograder/{m}.py" for m in KEPT_MODULES]
-                        + [f"autograder/lessons/{m}.py" for m in LESSON_MODULES])
+    autograder = _shipped_sources()
     project = [".gitignore", "MANIFEST.txt", "Makefile", "README.md", "environment.yml", "nbgrader_config.py",
                "pyproject.toml"]
     assert len(notebooks) >= 9 and "helpers/ring.py" in helpers and len(LESSON_MODULES) >= 9
@@ -138,7 +131,7 @@ def test_release_holds_the_course_helpers_and_self_checks(release):
         f"unexpected: {sorted(set(files) - set(notebooks + helpers + autograder + project))}; "
         f"missing: {sorted(set(notebooks + helpers + autograder + project) - set(files))}"
     )
-    for name in notebooks + helpers:
+    for name in notebooks + helpers + autograder:  # copied whole: nothing is rewritten on the way
         assert (release / name).read_bytes() == (ROOT / name).read_bytes(), f"{name} differs from the checkout's"
 
 
@@ -150,8 +143,8 @@ def test_manifest_and_archive_list_every_file(release):
     with tarfile.open(release.parent / "learner-course.tar.gz") as tar:
         members = sorted(m.name for m in tar.getmembers() if m.isfile())
         assert members == [f"learner-course/{f}" for f in files]
-        kit = tar.extractfile("learner-course/autograder/lessons/kit.py").read()
-    assert kit == (release / "autograder" / "lessons" / "kit.py").read_bytes()
+        kit = tar.extractfile("learner-course/autograder/kit/exercise.py").read()
+    assert kit == (release / "autograder" / "kit" / "exercise.py").read_bytes()
 
 
 def test_learner_project_files_follow_the_main_ones(release):
@@ -174,15 +167,13 @@ def test_learner_project_files_follow_the_main_ones(release):
 
 
 def test_no_solution_text_reaches_the_release(release):
-    """Is no file of solutions/, no instructor's answer (reference*.py) or hidden check (planhidden.py), no nbgrader
-    markup and no line of a solution (longer than 30 characters, not shown in the learner notebooks) anywhere in the
-    release?"""
+    """Is no file of solutions/, no module of the answers or the hidden checks, no nbgrader markup and no line of a
+    solution (longer than 30 characters, not shown in the learner notebooks) anywhere in the release?"""
     texts = {name: (release / name).read_text(errors="replace") for name in _files(release)}
     instructor_only = {p.read_bytes() for p in (ROOT / "solutions").rglob("*") if p.is_file()}
-    lessons = ROOT / "autograder" / "lessons"
-    instructor_only |= {p.read_bytes() for p in [*lessons.glob("reference*.py"), lessons / "planhidden.py"]}
-    assert not [n for n in texts if (release / n).read_bytes() in instructor_only
-                or n.rsplit("/", 1)[-1].startswith("reference") or n.endswith("planhidden.py")]
+    instructor_only |= {p.read_bytes() for package in ("answers", "hidden")
+                        for p in (ROOT / "autograder" / package).rglob("*.py")}
+    assert not [n for n in texts if (release / n).read_bytes() in instructor_only]
     assert not [(n, m) for n, t in texts.items() for m in MARKUP if m in t]
     shown = {line.strip() for p in _course_notebooks()
              for c in json.loads(p.read_text())["cells"] for line in "".join(c["source"]).splitlines()}
@@ -199,19 +190,32 @@ def test_no_solution_text_reaches_the_release(release):
     assert not leaked, f"solution lines in the release: {leaked}"
 
 
-@pytest.mark.parametrize("module", LESSON_MODULES)
-def test_what_only_hidden_tests_use_is_left_out(release, module):
-    """Does the release's lessonNN.py lack every function and constant that only the hidden parts
-    reach, keep everything the self-checks reach, and give every part the HIDDEN_CHECK stub?"""
-    hidden_only, visible = _hidden_and_visible(module)
-    tree = ast.parse((release / "autograder" / "lessons" / f"{module}.py").read_text())
-    shipped = set(_top_level_definitions(tree))
-    assert not hidden_only & shipped, f"{module}: hidden-test code in the release: {sorted(hidden_only & shipped)}"
-    assert visible <= shipped, f"{module}: the self-checks need {sorted(visible - shipped)}, which did not ship"
-    parts = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Part"]
-    assert parts and all(ast.unparse(p.args[3]) == "HIDDEN_CHECK" for p in parts)
-    if module == "lesson04":  # the brief's example: shared with the self-check stays, hidden-only goes
-        assert {"_correct", "_bandwidth"} <= shipped and {"_no_hang", "_point_to_point", "STEP_CASES"} <= hidden_only
+def test_no_answer_or_hidden_check_reaches_the_release(release):
+    """Does no file of the release hold a function or class of the instructor's answers or hidden checks, and does
+    every lesson ship its declarations and self-checks with no check in any part?"""
+    assert len(_instructor_definitions()) > 40, "too few answers and hidden checks to look for: is autograder/ read right?"
+    assert instructor_code_in(release) == []
+    for module in LESSON_MODULES:
+        tree = ast.parse((release / "autograder" / "lessons" / f"{module}.py").read_text())
+        parts = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Part"]
+        assert parts and all(len(p.args) == 3 and not p.keywords or {k.arg for k in p.keywords} <= {"forbid", "forbid_reason"}
+                             for p in parts), f"{module}: a Part with a check ships"
+
+
+def test_a_hidden_check_planted_in_a_shipped_package_is_found(tmp_path):
+    """If someone pastes a hidden check into a shipped lesson module, or copies an answers module into a shipped
+    package, does the search that guards the release find both, naming the file and where the code comes from?"""
+    out = tmp_path / "release"
+    (out / "autograder" / "lessons").mkdir(parents=True)
+    hidden = (ROOT / "autograder" / "hidden" / "lesson04.py").read_text()
+    planted = hidden[hidden.index("def _no_hang"):]
+    planted = planted[:planted.index("\n\n\n")]
+    (out / "autograder" / "lessons" / "lesson04.py").write_text(
+        (ROOT / "autograder" / "lessons" / "lesson04.py").read_text() + "\n\n" + planted + "\n")
+    shutil.copy2(ROOT / "autograder" / "answers" / "lesson09.py", out / "autograder" / "lessons" / "zero.py")
+    found = instructor_code_in(out)
+    assert "autograder/lessons/lesson04.py: autograder/hidden/lesson04.py: _no_hang" in found, found
+    assert "autograder/lessons/zero.py: autograder/answers/lesson09.py: ShardedOptimizer" in found, found
 
 
 # -- the build's own guards -------------------------------------------------------------------
@@ -257,15 +261,15 @@ def _checkout(tmp_path: Path, repository: str = colab.REPOSITORY) -> Path:
     return copy
 
 
-def test_a_kept_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
-    """When a self-check imports autograder.lessons.reference, does the build stop and name the file and line?"""
+def test_a_shipped_module_that_imports_a_left_out_one_fails_the_build(tmp_path):
+    """When a self-check imports the instructor's answers, does the build stop and name the file and line?"""
     copy = _checkout(tmp_path)
     lesson = copy / "autograder" / "lessons" / "lesson00.py"
     text = lesson.read_text()
     assert "def _self_check(attempt: Attempt) -> str:\n" in text
-    uses_reference = "def _self_check(attempt: Attempt) -> str:\n    from .reference import chunk_bounds\n"
+    uses_reference = "def _self_check(attempt: Attempt) -> str:\n    from ..answers.lesson04 import chunk_bounds\n"
     lesson.write_text(text.replace("def _self_check(attempt: Attempt) -> str:\n", uses_reference))
-    with pytest.raises(ReleaseError, match=r"autograder/lessons/lesson00\.py line \d+ imports autograder\.lessons\.reference"):
+    with pytest.raises(ReleaseError, match=r"autograder/lessons/lesson00\.py line \d+ imports autograder\.answers\.lesson04"):
         build(tmp_path / "out", root=copy, allow_colab_placeholder=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout"], "the failed build left files behind"
 
@@ -277,7 +281,7 @@ def test_release_refuses_while_colab_points_at_the_placeholder(tmp_path, monkeyp
     out = tmp_path / "learner-course"
     assert release_main([str(out)]) == 1
     said = capsys.readouterr().err
-    for words in ("REPOSITORY in autograder/course/colab.py is still the placeholder", colab.PLACEHOLDER,
+    for words in ("REPOSITORY in autograder/notebooks/colab.py is still the placeholder", colab.PLACEHOLDER,
                   "make course", "--allow-colab-placeholder"):
         assert words in said, said
     assert not list(tmp_path.iterdir()), "the refused release left files behind"
@@ -291,7 +295,7 @@ def test_a_draft_release_says_at_the_top_of_its_readme_that_colab_does_not_work(
     readme = (out / "README.md").read_text()
     intro = readme.split("## Getting started")[0]
     assert "Draft: the *Open in Colab* badges do not work" in intro and colab.PLACEHOLDER in intro, intro
-    assert "set `REPOSITORY` in `autograder/course/colab.py`" in intro and "make course" in intro, intro
+    assert "set `REPOSITORY` in `autograder/notebooks/colab.py`" in intro and "make course" in intro, intro
     assert "<the address your instructor gave you>" in readme, "a draft must not offer the placeholder to clone"
 
 
@@ -320,19 +324,21 @@ def test_self_check_runs_and_hidden_tests_say_they_are_not_there(release):
     """From the release alone: are the exercises declared as the instructor's (parts, points, rules),
     does Exercise 4.4's self-check pass the instructor's ring, and does grade() say the hidden test is
     not there?"""
-    from autograder.lessons.registry import exercises
+    from autograder.kit.registry import exercises
 
     probe = ISOLATE + f"""
 import importlib.util, json
 import autograder, helpers
 from autograder import exercise, exercises
-from autograder.lessons.kit import HiddenTestUnavailable
-try:
-    import autograder.lessons.reference
-    reference_importable = True
-except ModuleNotFoundError:
-    reference_importable = False
-spec = importlib.util.spec_from_file_location("instructor_reference", {str(ROOT / "autograder" / "lessons" / "reference.py")!r})
+from autograder.kit.exercise import HiddenTestUnavailable
+importable = []
+for name in ("autograder.answers", "autograder.hidden", "autograder.grading"):
+    try:
+        importlib.import_module(name)
+        importable.append(name)
+    except ModuleNotFoundError:
+        pass
+spec = importlib.util.spec_from_file_location("instructor_reference", {str(ROOT / "autograder" / "answers" / "lesson04.py")!r})
 ref = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ref)
 exercise("4.4").self_check(ref.ring_allreduce)
@@ -341,10 +347,10 @@ try:
     graded = "no error"
 except HiddenTestUnavailable as err:
     graded = str(err)
-declared = [[e.number, e.function, e.title, [[p.name, p.points, p.says, p.check.__name__] for p in e.parts],
+declared = [[e.number, e.function, e.title, [[p.name, p.points, p.says] for p in e.parts],
              list(e.forbid), e.forbid_reason, e.visible_check.__name__] for e in exercises()]
 print("PROBE " + json.dumps({{"files": [autograder.__file__, helpers.__file__], "graded": graded,
-                             "reference_importable": reference_importable, "declared": declared}}))
+                             "importable": importable, "declared": declared}}))
 """
     done = subprocess.run([sys.executable, "-c", probe], cwd=release, env=_release_env(release),
                           capture_output=True, text=True, timeout=300)
@@ -352,10 +358,10 @@ print("PROBE " + json.dumps({{"files": [autograder.__file__, helpers.__file__], 
     assert "Self-check passed" in done.stdout, done.stdout
     got = json.loads(done.stdout.split("PROBE ", 1)[1])
     assert all(f.startswith(str(release)) for f in got["files"]), got["files"]
-    assert not got["reference_importable"], "autograder.lessons.reference can be imported from the release"
+    assert got["importable"] == [], f"the release lets learners import {got['importable']}"
     assert 'Exercise 4.4, part "correct": this copy of the course has no hidden tests.' in got["graded"], got["graded"]
     assert 'exercise("4.4").self_check(ring_allreduce)' in got["graded"], got["graded"]
-    want = [[e.number, e.function, e.title, [[p.name, p.points, p.says, "HIDDEN_CHECK"] for p in e.parts],
+    want = [[e.number, e.function, e.title, [[p.name, p.points, p.says] for p in e.parts],
              list(e.forbid), e.forbid_reason, e.visible_check.__name__] for e in exercises()]
     assert got["declared"] == want
 

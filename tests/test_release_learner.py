@@ -36,7 +36,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from devtools.ports import free_port
+from helpers._runtime.spec import free_port
 from devtools.scratch import layout, scores, solution_source, submission
 from test_release import DRAFT, ISOLATE, ROOT, release  # noqa: F401 - release: the module's fixture
 
@@ -112,9 +112,9 @@ def test_learner_makefile_builds_the_venv_and_starts_the_lab(release):
     assert ("--allow-root" in lab[0]) == (os.geteuid() == 0), lab[0]
     assert _make(release, "-n", "clean-venv").stdout.strip() == "rm -rf .venv"
     check = _make(release, "-n", "check", "LESSON=05").stdout.splitlines()
-    assert ".venv/bin/python -m autograder.grading.selfcheck 05" in check, check
+    assert ".venv/bin/python -m autograder.learner.selfcheck 05" in check, check
     handin = _make(release, "-n", "handin", "STUDENT=ada").stdout.strip()
-    assert handin == "python3 -m autograder.grading.handin --out handin", handin
+    assert handin == "python3 -m autograder.learner.handin --out handin", handin
     assert "handin/" in (release / ".gitignore").read_text().splitlines()
 
 
@@ -288,7 +288,7 @@ def test_handin_reads_changes_with_nbgraders_checksum(release):
     released and once changed, so "changed since released" means what nbgrader means?"""
     from nbgrader.utils import compute_checksum
 
-    from autograder.grading.handin import _checksum
+    from autograder.learner.handin import _checksum
 
     cells = [c for p in sorted((release / "course").glob("*/*.ipynb")) for c in nbformat.read(p, as_version=4).cells
              if c.metadata.get("nbgrader", {}).get("solution")]
@@ -346,7 +346,7 @@ def test_a_handed_in_archive_is_graded_as_it_unpacks(graded_class):
 # -- the modules' examples ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["autograder.grading.selfcheck", "autograder.grading.handin",
+@pytest.mark.parametrize("module", ["autograder.learner.selfcheck", "autograder.learner.handin",
                                     "autograder.release.readme", "autograder.release.project"])
 def test_docstring_examples_run(module):
     """Do the runnable examples in the learner commands' and the release's docstrings give what they show?"""

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autograder.lessons.reference import ring_chunks
+from autograder.answers.lesson04 import ring_chunks
 from helpers import launch
 from helpers.ring import pipelined_ring_allreduce, ring_schedule
+from autograder.hidden import grade
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
@@ -30,13 +31,13 @@ def test_the_shipped_schedule_does_not_answer_exercise_4_1():
     """helpers.ring ships to learners: is its schedule, copied into ring_chunks, a wrong answer to 4.1 (the chunk
     rank r owns is r+1, and the feedback says so) rather than the exercise's answer?"""
     from autograder import exercise
-    from autograder.lessons.kit import GradingFailure
+    from autograder.kit.exercise import GradingFailure
 
     table = {(phase, s, rank, p): ring_schedule(rank, p)[s if phase == "reduce-scatter" else p - 1 + s][:2]
              for p in range(2, 9) for rank in range(p) for s in range(p - 1) for phase in ("reduce-scatter", "all-gather")}
     copied = lambda phase, step, rank, world_size: table[phase, step, rank, world_size]  # noqa: E731 - no call to helpers.ring
     with pytest.raises(GradingFailure, match=r"rank 0's chunk 0 holds the sum of ranks \[0\] only.* Its chunk 1 is complete"):
-        exercise("4.1").grade(copied, "reduce_scatter")
+        grade("4.1", copied, "reduce_scatter")
 
 
 def _sums(rank, world_size, cases):

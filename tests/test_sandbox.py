@@ -65,32 +65,34 @@ def test_only_its_own_folder_and_tmp_are_writable(tmp_path):
 
 @needs_sandbox
 def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
-    """Are the course folder (solutions, gradebook, other submissions), the reference answers and the home folder invisible, while the packages still import?"""
+    """Are the course folder (solutions, gradebook, other submissions), the instructor's answers and the home folder invisible, while the packages (the hidden checks among them) still import?"""
     course = tmp_path / "course"
     (course / "solutions").mkdir(parents=True)
     (course / "solutions" / "answer.ipynb").write_text("{}")
     (tmp_path / "own").mkdir()
     got = _probe(Sandbox(writable=[tmp_path / "own"], hidden=[course]), f"""
         import json, os
-        import helpers, autograder.lessons.kit
+        import helpers, autograder.kit.exercise
         out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
                "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
-        for name in ("reference", "reference_attention", "reference_plan"):
+        for name in ("answers", "answers.lesson04", "answers.lesson11", "answers.lesson12"):
             try:
-                __import__("autograder.lessons." + name)
+                __import__("autograder." + name)
                 out[name] = "imported"
             except ImportError:
                 out[name] = "missing"
         try:
-            open({str(PACKAGE_DIRS[1] / "reference.py")!r}).read()
+            open({str(PACKAGE_DIRS[1] / "answers" / "lesson04.py")!r}).read()
             out["reference_file"] = "read"
         except OSError:
             out["reference_file"] = "unreadable"
+        import autograder.hidden.lesson04
+        out["hidden"] = "imported"
         print(json.dumps(out))
     """)
     assert got["course"] == [], got
-    assert got["reference"] == got["reference_attention"] == got["reference_plan"] == "missing", got
-    assert got["reference_file"] == "unreadable", got
+    assert got["answers"] == got["answers.lesson04"] == got["answers.lesson11"] == got["answers.lesson12"] == "missing", got
+    assert got["reference_file"] == "unreadable" and got["hidden"] == "imported", got  # the hidden checks run there
     assert "solutions" not in got["repo"] and "tests" not in got["repo"], got  # only the two packages are shown
     assert not any(name.startswith(".") and name not in (".venv", ".pyenv") for name in got["home"]), got
 
@@ -111,7 +113,7 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
         work.mkdir()
         argv = box.wrap([sys.executable, "-c", textwrap.dedent(f"""
             import json, os
-            print(json.dumps([sorted(os.listdir({str(package)!r})), sorted(os.listdir({str(package / "lessons")!r}))]))
+            print(json.dumps([sorted(os.listdir({str(package)!r})), sorted(os.listdir({str(package / "kit")!r}))]))
         """)])
         journal.unlink()  # the race, on purpose: gone before bubblewrap binds anything
         work.rmdir()
@@ -123,11 +125,12 @@ def test_files_that_come_and_go_in_the_autograder_folder_cannot_stop_a_sandbox(t
         if work.exists():
             work.rmdir()
     assert done.returncode == 0, done.stdout + done.stderr
-    seen, lessons = json.loads(done.stdout.strip().splitlines()[-1])
+    seen, kit = json.loads(done.stdout.strip().splitlines()[-1])
     packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
-    assert packages == ["course", "grading", "lessons", "release", "site"], packages
+    assert packages == ["answers", "grading", "hidden", "kit", "learner", "lessons", "notebooks", "release", "site"]
     assert all(name.endswith(".py") or name in ("__pycache__", *packages) for name in seen), seen
-    assert "kit.py" in lessons and "reference.py" not in lessons and "reference_attention.py" not in lessons, lessons
+    assert "answers" not in seen and "hidden" in seen, seen  # the answers stay out; the hidden checks run there
+    assert "exercise.py" in kit, kit
 
 
 @needs_sandbox

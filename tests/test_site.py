@@ -6,7 +6,7 @@ that test already ran is not run again (both go through autograder/site/execute.
 lock per lesson, marked with this run's id); one it has not run yet is run here, once. The
 build itself (Sphinx, MathJax copied, the scan for answers) takes about 6 s on 2 cores.
 
-The browser tests drive Debian's chromium as tests/test_browser.py does (skipped without it,
+The browser tests drive Debian's chromium through the browser fixture of tests/conftest.py (skipped without it,
 saying why; failed instead with ``COURSE_REQUIRE_BROWSER=1``), over a loopback HTTP server
 on a free port, and leave screenshots of the home page and lesson 04 beside that module's.
 """
@@ -30,9 +30,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.course import colab
+from autograder.notebooks import colab
 from autograder.site import execute, leaks
-from autograder.site.build import build
+from autograder.site.website import build
 from autograder.site.pages import figure_alt, tainted_cells
 from conftest import ROOT, suite_run_id
 
@@ -236,33 +236,6 @@ def served(site):
     server.server_close()
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's chromium through Playwright, as tests/test_browser.py starts it."""
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, _no_browser, _why_no_chromium
-
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _no_browser("the playwright package is not installed: run `make venv` (it is in the test extra)")
-    if not os.path.exists(CHROMIUM):
-        _no_browser(_why_no_chromium())
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture(scope="module")
-def shots():
-    """The folder tests/test_browser.py leaves its screenshots in ($BROWSER_SCREENSHOTS or browser-screenshots/)."""
-    folder = Path(os.environ.get("BROWSER_SCREENSHOTS") or ROOT / "browser-screenshots").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def _status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -277,11 +250,11 @@ LINKS = "Array.from(document.querySelectorAll('a[href]')).map(a => a.href)"
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_every_page_in_chromium_images_load_with_alt_text_links_resolve(site, served, chromium, shots):
+def test_every_page_in_chromium_images_load_with_alt_text_links_resolve(site, served, browser, shots):
     """On the home page and every lesson page, does every image load (naturalWidth > 0) with alt text, every link
     within the site answer 200, MathJax typeset the formulas, nothing get fetched from outside the site, and do the
     Colab and download links point where they should?"""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     outside: list[str] = []
     page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((served, "data:", "blob:", "about:")) else None)
@@ -337,9 +310,9 @@ def test_every_page_in_chromium_images_load_with_alt_text_links_resolve(site, se
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_search_finds_ring_all_reduce(served, chromium):
+def test_search_finds_ring_all_reduce(served, browser):
     """Does the search box, typed into as a reader would, list lesson 04 among the pages for "ring all-reduce"?"""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     try:
         page.goto(f"{served}/index.html", wait_until="networkidle")

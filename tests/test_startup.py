@@ -10,18 +10,25 @@ one ignores the signal instead of dying of it.
 
 The slow starts here are arguments whose unpickling on a rank sleeps, as a slow import would;
 everything is defined inside the tests, so it travels by value, as a notebook's code does.
+
+Before all that, the rank factory itself has to start (a fresh interpreter importing torch, seconds
+on a busy machine). ``import helpers`` starts no process; a notebook kernel starts the factory once
+the cell that imported helpers has run, so that it is warm by the first launch, and any other
+process starts it at its first launch.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
 import helpers
-from conftest import rank_children, wait_until
+from conftest import ROOT, children_of, rank_children, wait_until
 from helpers import LaunchTimeoutError, RankFailedError
 from helpers._runtime.diagnose import dump_complete
 
@@ -137,6 +144,46 @@ def test_a_rank_that_fails_to_load_fails_at_once_with_its_error():
     err = info.value
     assert (err.rank, err.exc_type, err.exc_message, err.stopped) == (1, "ValueError", "no such dataset", [0])
     assert str(err).startswith("rank 1 of 2 raised ValueError while loading what was sent to it: no such dataset")
+
+
+# --------------------------------------------------------------------------- where the rank factory starts
+
+_IMPORT_ONLY = """
+import os, sys, time
+import helpers
+import helpers._runtime.factory as factory
+time.sleep(1.0)  # a factory started at import would be a child by now
+with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+    print("CHILDREN", f.read().split())
+print("FACTORY", factory._factory)
+print("TORCH", "torch" in sys.modules)
+"""
+
+
+def test_importing_helpers_starts_no_process():
+    """In a plain Python process (a script, a grading worker), does `import helpers` start no process, no rank
+    factory, and leave torch unimported?"""
+    done = subprocess.run([sys.executable, "-c", _IMPORT_ONLY], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert said == {"CHILDREN": "[]", "FACTORY": "None", "TORCH": "False"}, done.stdout
+
+
+def test_a_notebook_starts_the_factory_once_its_set_up_cell_has_run(make_kernel):
+    """In a kernel, is there no factory while the cell importing helpers runs, one running (a child of the kernel)
+    right after that cell, the very one the first launch uses; and after `helpers.shutdown()`, does
+    `%load_ext helpers` start one at once?"""
+    kernel = make_kernel()
+    during = kernel.run("import torch\nfrom helpers import launch, shutdown\nimport helpers._runtime.factory as f\n"
+                        "print(f._factory)")
+    assert during.split() == ["None"], during
+    pid = kernel.value("f._factory and f._factory.pid")
+    assert pid in children_of(kernel.pid), (pid, children_of(kernel.pid))
+    assert kernel.value("launch(lambda rank, world_size: rank, 2, output='quiet')") == [0, 1]
+    assert kernel.value("f.get_factory().pid") == pid
+    assert kernel.value("shutdown() or f._factory") is None
+    started = kernel.value("get_ipython().run_line_magic('load_ext', 'helpers') or (f._factory and f._factory.pid)")
+    assert started in children_of(kernel.pid), (started, children_of(kernel.pid))
 
 
 # --------------------------------------------------------------------------- SIGUSR1 during start-up

@@ -147,27 +147,37 @@ def test_packages_import_downward_only():
     assert not wrong, "imports against the packages' order (helpers <- autograder <- devtools):\n" + "\n".join(wrong)
 
 
-#: Who may import whom inside autograder/: what is graded (lessons/) stands alone on helpers; the
-#: course's notebooks (course/) read the declarations; grading a class (grading/) and building
-#: the learner release (release/) use both, and not each other. The package's own __init__ and
-#: __main__ (the command) stand above them all.
+#: Who may import whom inside autograder/, arranged by who gets each room. Learners get the exercise kit
+#: (kit/), every lesson's declarations and self-checks (lessons/) and their own commands (learner/); only
+#: the instructor has the hidden checks (hidden/), the answers (answers/), grading a class (grading/),
+#: building the notebooks (notebooks/), the release (release/) and the website (site/). The package's own
+#: __init__ and __main__ (the command) stand above them all; the ground below them all (AUTOGRADER_GROUND)
+#: says where the course is.
 AUTOGRADER_LAYERS = {
-    "lessons": set(),
-    "course": {"lessons"},
-    "grading": {"lessons", "course"},
-    "release": {"lessons", "course"},
-    "site": {"course", "release"},  # the website: the Colab links of course/, the clone folder of the release
+    "kit": set(),
+    "lessons": {"kit"},
+    "learner": {"kit", "lessons"},
+    "hidden": {"kit", "lessons"},
+    "answers": {"lessons"},  # the statements an answer uses (lesson 04's chunk bounds, lesson 06's bucket rule)
+    "notebooks": {"kit", "lessons"},
+    "grading": {"kit", "lessons", "hidden", "learner", "notebooks"},
+    "release": {"kit", "lessons", "notebooks"},
+    "site": {"notebooks", "release"},  # the website: the Colab links of notebooks/, the clone folder of the release
 }
+#: What learners get of autograder/ (autograder.release.rules.SHIPPED, as module names).
+SHIPPED = {"autograder", "autograder.paths", "kit", "lessons", "learner"}
+#: Top-level modules of autograder/ that every room may import, since they import nothing of autograder/.
+AUTOGRADER_GROUND = {"autograder.paths"}
 
 
 def _room(module: str) -> str | None:
-    """``lessons`` for ``autograder.lessons.kit``; None for the package's own top-level modules."""
+    """``kit`` for ``autograder.kit.exercise``; None for the package's own top-level modules."""
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in AUTOGRADER_LAYERS) else None
 
 
 def test_autograder_rooms_import_downward_only():
-    """Does lessons/ import nothing of course/, grading/ or release/, and grading/ nothing of release/?"""
+    """Does every room of autograder/ import only the rooms below it (kit <- lessons <- hidden <- grading, ...)?"""
     graph = import_graph()
     modules = _modules()
     rooms = {m.split(".")[1] for m in modules if m.startswith("autograder.") and _room(m)}
@@ -176,11 +186,41 @@ def test_autograder_rooms_import_downward_only():
         f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
         for a, targets in sorted(graph.items()) if a.startswith("autograder.") and _room(a)
         for b, line in sorted(targets.items())
-        if b.split(".")[0] == "autograder" and _room(b) != _room(a)
+        if b.split(".")[0] == "autograder" and _room(b) != _room(a) and b not in AUTOGRADER_GROUND
         and (_room(b) is None or _room(b) not in AUTOGRADER_LAYERS[_room(a)])
     ]
-    assert not wrong, ("imports against autograder/'s order (lessons <- course <- grading, release):\n"
-                       + "\n".join(wrong))
+    assert not wrong, ("imports against autograder/'s order (AUTOGRADER_LAYERS):\n" + "\n".join(wrong))
+
+
+def _ships(module: str) -> bool:
+    return module in SHIPPED or _room(module) in SHIPPED
+
+
+def test_nothing_that_ships_imports_what_does_not():
+    """Does no module learners get (autograder/__init__, paths, kit/, lessons/, learner/) import the answers, the
+    hidden checks or any other room only the instructor has, lazily or not?"""
+    from autograder.release.rules import SHIPPED as RELEASED
+
+    assert {f"autograder.{name.removesuffix('.py')}" if name.endswith(".py") else name for name in RELEASED} == \
+        {"autograder.__init__", "autograder.paths"} | (SHIPPED - {"autograder", "autograder.paths"})
+    graph = import_graph()
+    modules = _modules()
+    shipped = [m for m in graph if m.startswith("autograder") and _ships(m)]
+    assert len(shipped) > 20 and "autograder.lessons.lesson04" in shipped
+    wrong = [
+        f"{modules[a].relative_to(ROOT).as_posix()}:{line} imports {b}"
+        for a in sorted(shipped) for b, line in sorted(graph[a].items())
+        if b.startswith("autograder") and not _ships(b)
+    ]
+    assert not wrong, "what learners get imports what they do not get:\n" + "\n".join(wrong)
+
+
+def test_the_ground_of_autograder_imports_none_of_it():
+    """Do the modules every room of autograder/ may import (where the course is) import nothing of autograder/?"""
+    graph = import_graph()
+    assert AUTOGRADER_GROUND <= set(graph), f"no such modules: {sorted(AUTOGRADER_GROUND - set(graph))}"
+    wrong = {a: sorted(b for b in graph[a] if b.startswith("autograder")) for a in sorted(AUTOGRADER_GROUND)}
+    assert not any(wrong.values()), f"the ground of autograder/ imports autograder/ modules: {wrong}"
 
 
 #: What the rank machinery (helpers/_runtime/) may take from the public folder above it: the

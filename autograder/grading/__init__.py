@@ -9,14 +9,17 @@
   progress line.
 - :mod:`~autograder.grading.task`: what a worker is given and gives back, files as bytes;
   :mod:`~autograder.grading.merge`: a graded submission into the course, in one process.
-- :mod:`~autograder.grading.submission`: one submission, in a work folder of its own
-  (:mod:`~autograder.grading.workfolder`): nbgrader's autograde, the clean re-grade, the
-  verdicts (:mod:`~autograder.grading.verdicts`), the feedback page, the log.
+- :mod:`~autograder.grading.submission`: one submission, as five steps, each in the module that
+  does it: the work folder (:mod:`~autograder.grading.workfolder`), nbgrader's autograde, watched
+  (:mod:`~autograder.grading.autograde`), the clean re-grade (:mod:`~autograder.grading.regrade`),
+  the verdicts (:mod:`~autograder.grading.verdicts`), the feedback page
+  (:mod:`~autograder.grading.merge`).
 - :mod:`~autograder.grading.sandbox`: the bubblewrap sandbox the learner's code runs in.
 - :mod:`~autograder.grading.clean`: every graded part decided again in a fresh process that
-  holds only the learner's definitions.
+  holds only the learner's definitions (read as :mod:`autograder.learner.definitions` reads them),
+  with the hidden checks of :mod:`autograder.hidden`.
 - :mod:`~autograder.grading.summary`: the class summary (CSV and HTML).
 
-Modules here may use :mod:`autograder.lessons` and :mod:`autograder.course`; neither of
-those imports anything from here.
+Modules here may use :mod:`autograder.kit`, :mod:`autograder.lessons`, :mod:`autograder.hidden`,
+:mod:`autograder.learner` and :mod:`autograder.notebooks`; none of those imports anything from here.
 """

@@ -1,8 +1,8 @@
 """What every grading worker is given, and the check that a cluster's workers may grade.
 
-Every Dask worker that grades (a ``LocalCluster``'s, a running cluster's, a SLURM job's) runs
-with :data:`WORKER_ENV` and is warmed up once by :class:`WarmUp` (nbgrader imported, the work
-folders that killed workers left behind cleared), then grades one submission after another.
+Every Dask worker that grades (a ``LocalCluster``'s, a running cluster's, a SLURM job's) is
+warmed up once by :class:`WarmUp` (nbgrader imported, the work folders that killed workers left
+behind cleared), then grades one submission after another.
 :func:`configure` sets what this process's Dask scheduler and log do. Before a run on a
 cluster, :func:`check` asks every worker whether it can start the grading sandbox and runs
 the same course code as this machine, and refuses the cluster otherwise, naming the workers.
@@ -27,10 +27,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .submission import warm_up
 from .task import TRIES
 
-__all__ = ["WORKER_ENV", "DASK_ENV", "WarmUp", "ClusterUnavailable", "configure", "check", "code_fingerprint"]
+__all__ = ["DASK_ENV", "WarmUp", "ClusterUnavailable", "configure", "check", "code_fingerprint"]
 
-#: Environment of every grading worker process: it starts no ranks itself (the kernel and the clean re-grade do).
-WORKER_ENV = {"HELPERS_PRESTART": "0"}
 #: Seconds to wait for a cluster's first worker before saying that none is there.
 FIRST_WORKER_TIMEOUT = float(os.environ.get("COURSE_FIRST_WORKER_TIMEOUT", "60"))
 
@@ -70,7 +68,7 @@ def configure() -> None:
 
 
 class WarmUp(WorkerPlugin):
-    """A Dask worker plugin: each worker process imports nbgrader once, with the course's worker environment."""
+    """A Dask worker plugin: each worker process imports nbgrader once."""
 
     name = "course-grading-warm-up"
     idempotent = True
@@ -78,7 +76,6 @@ class WarmUp(WorkerPlugin):
     async def setup(self, worker: Any) -> None:
         import asyncio
 
-        os.environ.update(WORKER_ENV)
         await asyncio.get_running_loop().run_in_executor(None, warm_up)
 
 

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from .cluster import WORKER_ENV, ClusterUnavailable, WarmUp, configure
+from .cluster import ClusterUnavailable, WarmUp, configure
 from .progress import Progress
 from .slurm import Slurm
 from .submission import grade_submission
@@ -86,7 +86,7 @@ def connect(workers: Workers) -> Iterator[Any]:
     try:
         if workers.local:
             cluster = LocalCluster(n_workers=workers.jobs or os.cpu_count() or 1, threads_per_worker=1,
-                                   processes=True, dashboard_address=None, env=dict(WORKER_ENV),
+                                   processes=True, dashboard_address=None,
                                    silence_logs=logging.ERROR)
         elif workers.slurm is not None:
             cluster = workers.slurm.cluster()
@@ -179,7 +179,6 @@ def grade_on_worker(task: Task, run: str, grade: Callable[[Task], Graded] = grad
     from distributed import get_client, get_worker
 
     worker, client = get_worker(), get_client()
-    os.environ.update(WORKER_ENV)
     topic = _topic(run, task)
     earlier = [msg for _, msg in client.get_events(topic)]
     if len(earlier) >= TRIES:  # its last try ended its worker, and it has had its tries: not started again

@@ -26,7 +26,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..course.build import ROOT, lessons, nbgrader_api
+from ..notebooks.generate import lessons, nbgrader_api
+from ..paths import ROOT
 
 __all__ = ["collect_from_exchange", "main"]
 

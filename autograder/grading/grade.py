@@ -76,7 +76,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..course.build import ROOT, build, lessons, nbgrader_api, tool_env
+from ..notebooks.generate import build, lessons, nbgrader_api, tool_env
+from ..paths import ROOT
 from .intake import collect
 from .submission import quiet_gradebook
 from .task import Files, Graded, Task, lesson_files, read_files
@@ -195,7 +196,6 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     workers = workers or Workers()
     if workers.local:
         workers = Workers(jobs=max(1, workers.jobs or jobs or os.cpu_count() or 1))
-    os.environ["HELPERS_PRESTART"] = "0"  # this process starts no ranks
     os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH
     quiet_gradebook()
     if sandboxed and workers.local:  # a cluster's workers are checked once they are connected

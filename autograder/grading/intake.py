@@ -12,7 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ..course.build import ROOT, lessons
+from ..notebooks.generate import lessons
+from ..paths import ROOT
 
 __all__ = ["collect", "EXCHANGE_FILES"]
 

@@ -1,11 +1,13 @@
 """A graded submission's way into the course: taken from its work folder as data, merged by one process.
 
-On the worker, :func:`take` reads what grading made in the work folder (the graded notebook
-and the feedback page, as bytes) and :func:`rows` the private gradebook's rows of the
-submission, as plain data. On the instructor's machine, :func:`merge` writes them into the
-course's ``autograder/gradebook.db``, ``autograded/`` and ``feedback/``. Only that one
-process writes the shared gradebook, one submission at a time, so it is written safely and
-every learner's grade is the same with any number of workers, wherever they run.
+On the worker, :func:`feedback` is the last step of grading a submission
+(:mod:`autograder.grading.submission`): nbgrader writes the learner's page, then :func:`take`
+reads what grading made in the work folder (the graded notebook and the feedback page, as
+bytes) and :func:`rows` the private gradebook's rows of the submission, as plain data, into its
+record. On the instructor's machine, :func:`merge` writes them into the course's
+``autograder/gradebook.db``, ``autograded/`` and ``feedback/``. Only that one process writes the
+shared gradebook, one submission at a time, so it is written safely and every learner's grade is
+the same with any number of workers, wherever they run.
 
 Example (what :mod:`autograder.grading.grade` does with each record that comes back)::
 
@@ -16,15 +18,34 @@ Example (what :mod:`autograder.grading.grade` does with each record that comes b
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
-from .task import Files, Graded, read_files, write_files
+from .task import Files, Graded, Unfinished, read_files, write_files
+from .workfolder import Job
 
-__all__ = ["take", "rows", "merge", "KINDS"]
+__all__ = ["feedback", "take", "rows", "merge", "KINDS"]
 
 #: What grading makes per submission, as folders <kind>/<student>/<lesson>/ under autograder/.
 KINDS = ("autograded", "feedback")
+
+
+def feedback(job: Job) -> None:
+    """*feedback*: nbgrader's page for the learner; then what grading made goes into the record, which is done."""
+    from ..notebooks.generate import nbgrader_api
+
+    task, started, graded = job.task, time.monotonic(), job.graded
+    made = nbgrader_api(job.folder).generate_feedback(task.lesson, task.student, force=True)
+    graded.stages["feedback"] = round(time.monotonic() - started, 2)
+    job.log += ["== nbgrader generate_feedback", made.get("log", "").rstrip(), made.get("error", "").rstrip()]
+    if not made["success"]:
+        said = [line.strip() for line in made.get("error", "").splitlines() if line.strip()
+                and "above traceback" not in line]
+        raise Unfinished("infrastructure", "feedback: " + (said[-1] if said else "nbgrader failed without a message"))
+    graded.files = take(job.work, task.student, task.lesson)
+    graded.gradebook = rows(job.work / "gradebook.db", task.lesson, task.student)
+    graded.status = "ok"
 
 
 def take(work: Path, student: str, lesson: str) -> Files:

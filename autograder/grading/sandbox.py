@@ -7,7 +7,7 @@ clean re-grading process (:mod:`autograder.grading.clean`). Inside, the learner'
 - the system and the Python installation, read-only;
 - the ``helpers`` and ``autograder`` packages, read-only; the ``autograder`` package as a
   copy of its modules made once when grading starts (:func:`staged_package`), without
-  the instructor's reference answers (``autograder/lessons/reference.py``) and without anything
+  the instructor's reference answers (``autograder/answers/``) and without anything
   in the ``autograder/`` folder that is not a Python module (the gradebook and its
   journal, the work folders, grades, feedback), whatever comes and goes there while the
   class is graded;
@@ -65,10 +65,11 @@ __all__ = ["Sandbox", "SandboxUnavailable", "problem", "require", "install_hint"
 #: The two packages the sandbox shows read-only (learners' code and the checks import them).
 PACKAGE_DIRS = (Path(helpers.__file__).resolve().parent, Path(__file__).resolve().parents[1])
 #: Files of the autograder package hidden even though they are Python: the instructor's answers.
-HIDDEN_MODULES = ("reference.py", "reference_attention.py", "reference_plan.py")
+HIDDEN_PACKAGES = ("answers",)  # the instructor's answers: never inside the sandbox
 #: Environment variables passed into the sandbox (everything else is dropped: tokens, keys).
 PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
-              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT")
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "COURSE_ROOT",
+              "COURSE_FAULT_SEED")  # an instructor replaying Exercise 7.2's faults
 PASSED_PREFIXES = ("LC_", "HELPERS_", "TORCH_", "GLOO_", "NCCL_", "JPY_", "NBGRADER_")
 #: The bubblewrap program: ``COURSE_BWRAP`` names another (a path, or a name looked up on PATH).
 BWRAP = os.environ.get("COURSE_BWRAP", "bwrap")
@@ -187,7 +188,7 @@ def staged_package(package: Path | None = None) -> Path:
     """A private, fixed copy of the autograder package's modules, made once per process.
 
     The sandbox shows this copy in the package's place, read-only: every module but the
-    instructor's answers (:data:`HIDDEN_MODULES`), with their compiled ``__pycache__``
+    instructor's answers (:data:`HIDDEN_PACKAGES`), with their compiled ``__pycache__``
     files, and nothing else. The package folder itself is also nbgrader's work folder when
     an instructor grades from the repository (``autograder/gradebook.db``, its sqlite
     journal, ``submitted/``, ``feedback/``): other processes create and delete files there
@@ -197,7 +198,7 @@ def staged_package(package: Path | None = None) -> Path:
     ungraded), so it never looks there again after this copy.
 
     >>> staged = staged_package()
-    >>> (staged / "lessons" / "kit.py").is_file(), (staged / "lessons" / "reference.py").exists()
+    >>> (staged / "kit" / "exercise.py").is_file(), (staged / "answers").exists()
     (True, False)
     """
     package = (package or PACKAGE_DIRS[1]).resolve()
@@ -212,24 +213,22 @@ def staged_package(package: Path | None = None) -> Path:
         return staged
 
 
-def _stage_modules(package: Path, staged: Path) -> None:
+def _stage_modules(package: Path, staged: Path, top: bool = True) -> None:
     """Copy ``package``'s modules into ``staged``, and those of every subpackage (a folder with an
-    ``__init__.py``), each with its compiled files; the instructor's answers and every other file
-    (work folders, the gradebook) stay out."""
-    hidden = {Path(name).stem for name in HIDDEN_MODULES}
+    ``__init__.py``), each with its compiled files; the instructor's answers (:data:`HIDDEN_PACKAGES`)
+    and every other file (work folders, the gradebook) stay out."""
     for entry in package.glob("*.py"):
-        if entry.name not in HIDDEN_MODULES:
-            shutil.copy2(entry, staged / entry.name)  # the same times: the compiled files stay valid
+        shutil.copy2(entry, staged / entry.name)  # the same times: the compiled files stay valid
     cache = package / "__pycache__"
     if cache.is_dir():
         (staged / "__pycache__").mkdir()
         for entry in cache.glob("*.pyc"):
-            if entry.name.split(".")[0] not in hidden:
-                shutil.copy2(entry, staged / "__pycache__" / entry.name)
+            shutil.copy2(entry, staged / "__pycache__" / entry.name)
     for sub in sorted(package.iterdir()):
-        if sub.is_dir() and (sub / "__init__.py").is_file() and sub.name != "__pycache__":
+        if sub.is_dir() and (sub / "__init__.py").is_file() and sub.name != "__pycache__" and \
+                not (top and sub.name in HIDDEN_PACKAGES):
             (staged / sub.name).mkdir()
-            _stage_modules(sub, staged / sub.name)
+            _stage_modules(sub, staged / sub.name, top=False)
 
 
 @dataclass

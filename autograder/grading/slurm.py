@@ -84,7 +84,7 @@ class Slurm:
         """A dask-jobqueue ``SLURMCluster`` with these settings; it submits nothing until scaled."""
         from dask_jobqueue import SLURMCluster
 
-        from .cluster import DASK_ENV, WORKER_ENV, configure
+        from .cluster import DASK_ENV, configure
 
         configure()
         options: dict[str, Any] = {}
@@ -95,7 +95,7 @@ class Slurm:
         return SLURMCluster(
             job_name="course-grading", cores=self.cores, processes=self.cores, memory=self.memory, walltime=self.walltime,
             python=sys.executable, job_extra_directives=list(self.directives),
-            job_script_prologue=[f"export {key}={value}" for key, value in sorted({**WORKER_ENV, **DASK_ENV}.items())],
+            job_script_prologue=[f"export {key}={value}" for key, value in sorted(DASK_ENV.items())],
             **options)
 
     def job_script(self) -> str:

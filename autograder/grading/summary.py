@@ -47,7 +47,7 @@ def example_line(text: str) -> str:
     """A failure's first line, as the learner read it after the part's name.
 
     ``text`` is the part's failure without the part's name (a record's ``"text"``, from
-    :attr:`autograder.lessons.harness.GradingFailure.text`).
+    :attr:`autograder.kit.harness.GradingFailure.text`).
 
     >>> example_line("on 4 ranks, rank 2 returned 1.5 instead of 6\\nmore")
     'on 4 ranks, rank 2 returned 1.5 instead of 6'

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict
 
-__all__ = ["Task", "Graded", "Files", "TRIES", "read_files", "write_files", "lesson_files"]
+__all__ = ["Task", "Graded", "Unfinished", "Files", "TRIES", "read_files", "write_files", "lesson_files"]
 
 
 #: Tries a submission gets when grading fails for a reason that is not the learner's (a worker
@@ -64,14 +64,30 @@ def write_files(folder: Path, files: Files) -> None:
 def lesson_files(course: Path, lesson: str, template: Path) -> Files:
     """What grading any submission of ``lesson`` needs, laid out as in the course root.
 
-    nbgrader's configuration, the lesson's instructor folder (nbgrader reads the graded cells
-    from the gradebook, restores files from it, and the verdicts name the parts from it), and
-    ``autograder/gradebook.db``: a gradebook that knows every lesson and no submission.
+    nbgrader's configuration; where it puts them, the lesson's instructor folder (nbgrader reads
+    the graded cells from the gradebook, restores files from it, and the verdicts name the parts
+    from it) and its released notebook (deleted graded cells are put back from it:
+    :class:`autograder.notebooks.preprocessors.RestoreMissingCells`); and ``autograder/gradebook.db``:
+    a gradebook that knows every lesson and no submission.
     """
+    from ..notebooks.generate import course_directory
+
+    coursedir = course_directory(course)
+
+    def folder(step: str) -> Path:
+        return Path(coursedir.format_path(step, ".", lesson))
+
+    def inside(path: Path) -> str:
+        return Path(os.path.relpath(path, coursedir.root)).as_posix()
+
     files = {"nbgrader_config.py": (course / "nbgrader_config.py").read_bytes(),
              "autograder/gradebook.db": template.read_bytes()}
-    solutions = read_files(course / "solutions" / lesson, skip=(".ipynb_checkpoints", "__pycache__"))
-    files.update({f"solutions/{lesson}/{name}": data for name, data in solutions.items()})
+    source = folder(coursedir.source_directory)
+    for name, data in read_files(source, skip=(".ipynb_checkpoints", "__pycache__")).items():
+        files[f"{inside(source)}/{name}"] = data
+    released = folder(coursedir.release_directory) / f"{lesson}.ipynb"
+    if released.is_file():  # else nbgrader's log says that deleted cells cannot be put back
+        files[inside(released)] = released.read_bytes()
     return files
 
 
@@ -122,3 +138,12 @@ class Graded:
             del out[bulky]
         out["tries"] = out.pop("attempt")
         return out
+
+
+class Unfinished(Exception):
+    """A step of grading found that the submission can be graded no further: whose failure that is
+    (``"infrastructure"`` or ``"learner"``, as :attr:`Graded.failure`) and the line that says why."""
+
+    def __init__(self, failure: str, error: str) -> None:
+        super().__init__(error)
+        self.failure, self.error = failure, error

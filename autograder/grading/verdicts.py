@@ -1,7 +1,8 @@
-"""The clean re-grade's verdicts, settled: into the gradebook, into each graded cell, with no path of the grading machine.
+"""*settle*: the clean re-grade's verdicts into the gradebook and into each graded cell, with no path of the grading machine.
 
-:func:`settle` writes every part's score into the submission's private gradebook and its verdict
-in place of the hidden test cell's output; :func:`redact` takes the grading machine's paths out
+:func:`settle` is the step (:mod:`autograder.grading.submission`): it writes every part's score
+into the submission's private gradebook and its verdict in place of the hidden test cell's output,
+and the parts into the record; :func:`redact` takes the grading machine's paths out
 of everything the learner reads; :func:`cell_times` reads how long the notebook's cells took.
 """
 
@@ -10,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .regrade import Verdicts
 from .workfolder import Job
 
 __all__ = ["settle", "verdict_outputs", "redact", "cell_times", "CLEAN_NOTE"]
@@ -35,7 +38,7 @@ def redact(text: str, folder: Path | str | None = None) -> str:
     >>> redact(f'File "{sys.prefix}/lib/x.py", line 3', None).startswith('File "<python>/lib/x.py"')
     True
     """
-    from ..course.build import ROOT
+    from ..paths import ROOT
     from .sandbox import PACKAGE_DIRS
 
     names = {}
@@ -65,7 +68,7 @@ def cell_times(nb: Any) -> dict[str, Any]:
     The imports cell is the first code cell that imports something, past the Colab set-up
     cell (which does nothing outside Colab).
     """
-    from ..course.colab import SETUP_ID
+    from ..notebooks.colab import SETUP_ID
 
     timed = []
     for index, cell in enumerate(nb.cells):
@@ -88,7 +91,7 @@ def verdict_outputs(cell: Any, result: dict[str, Any], left_out: list[str], fold
     """What a graded cell shows: the lines the kernel printed (not the placeholder), then the verdict."""
     import nbformat
 
-    from ..lessons.kit import DEFERRED
+    from ..kit.exercise import DEFERRED
 
     kept = []
     for output in cell.get("outputs", []):
@@ -143,13 +146,25 @@ def _verdict(result: dict[str, Any], label: str) -> str:
     return (f"{label}: {float(result['score']):g} of {points:g} point{'s' if points != 1 else ''}.\n{text}")
 
 
-def settle(job: Job, results: list[dict[str, Any]], left_out: list[str], stopped: str | None,
+def settle(job: Job, verdicts: Verdicts) -> None:
+    """*settle*: every part's clean score into the job's gradebook, its verdict into its cell, and the parts, what
+    was left out and how long the cells took into the record."""
+    import nbformat
+
+    started, graded = time.monotonic(), job.graded
+    graded.left_out = verdicts.left_out
+    graded.parts = _settle(job, verdicts.results, verdicts.left_out, verdicts.stopped, graded.notes)
+    graded.cells = cell_times(nbformat.read(job.notebook, as_version=4))
+    graded.stages["settle"] = round(time.monotonic() - started, 2)
+
+
+def _settle(job: Job, results: list[dict[str, Any]], left_out: list[str], stopped: str | None,
             notes: list[str]) -> list[dict[str, Any]]:
     """Every part's clean score into the job's gradebook, and its verdict into its cell; returns the parts."""
     import nbformat
     from nbgrader.api import Gradebook
 
-    from ..course.cells import graded_cells
+    from ..notebooks.cells import graded_cells
 
     task = job.task
     cells = {c.grade_id: c for c in graded_cells(job.solution)}

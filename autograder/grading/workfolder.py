@@ -1,33 +1,29 @@
-"""One submission's private work folder, and the nbgrader and clean re-grade runs inside it.
+"""One submission's private work folder: the first step of its grading, and where the others work.
 
-:class:`Job` writes what its task carries (nbgrader's configuration, the lesson's instructor
-folder, the gradebook template and the submission) into a folder of its own, gives nbgrader's API over it (set up to run the kernel in the grading
-sandbox), and starts and waits for the clean re-grade (:mod:`autograder.grading.clean`) as a
-process of its own session. :class:`Tail` keeps the start and end of what a child process
-writes to its error output, so a flood costs nothing. :func:`sweep` removes the work folders
-of grading processes that were killed before they could.
+:func:`open_job` is the *set-up* step (:mod:`autograder.grading.submission`): on a machine that
+may grade the task, a :class:`Job` writes what the task carries (nbgrader's configuration, the
+lesson's instructor folder and released notebook, the gradebook template and the submission)
+into a folder of its own, and the handed-in file must be a notebook of that lesson. The job also
+carries the record its steps write (:attr:`Job.graded`, :attr:`Job.log`). :class:`Tail` and
+:func:`text_tail` keep the start and end of what a child process writes to its error output, so
+a flood costs nothing. :func:`sweep` removes the work folders of grading processes that were
+killed before they could.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from .task import Task, write_files
+from .task import Graded, Task, Unfinished, write_files
 
-__all__ = ["Job", "Tail", "text_tail", "sweep", "RANK_FACTORY_ENV", "warm_up", "CLEAN_TIMEOUT", "PREFIX"]
-
-
-#: Seconds the clean re-grade of one submission may take before its unfinished parts score 0.
-CLEAN_TIMEOUT = float(os.environ.get("COURSE_CLEAN_TIMEOUT", "600"))
+__all__ = ["Job", "open_job", "warm_up", "Tail", "text_tail", "sweep", "PREFIX"]
 
 
 #: Work folders are ``<tmp>/course-grading-<pid of the grading process>-<random>``.
@@ -38,21 +34,15 @@ PREFIX = "course-grading-"
 _KEEP_BYTES = 64 << 10
 
 
-#: For the clean re-grade (the sandbox passes ``HELPERS_*`` on): its rank factory is a fork of it,
-#: made first thing (autograder.grading.clean), not a fresh interpreter started when helpers is
-#: imported. For a lesson whose ranks build optimizers the factory also imports at once what each of
-#: them would import again (see ``helpers._runtime.factory_process``; without it lesson 05's clean
-#: checks took 10.3 s instead of 4.2 s); for the other lessons, never (:func:`warm_up`).
-RANK_FACTORY_ENV = {"HELPERS_PRESTART": "0"}
-
-
 def warm_up(lesson: str, clean: bool) -> dict[str, str]:
     """``HELPERS_WARM_UP`` for the rank factory of a kernel (``clean`` False) or of the clean re-grade
-    of ``lesson``: ahead ("now") for the clean re-grade and when idle (the default) for the kernel
-    where its ranks import ``torch._dynamo``, never ("off") where they do not: about a second of CPU
-    saved per process (:func:`autograder.lessons.registry.warm_ranks`)."""
-    from ..course.cells import lesson_number
-    from ..lessons.registry import warm_ranks
+    of ``lesson`` (the sandbox passes ``HELPERS_*`` on): ahead ("now") for the clean re-grade and when
+    idle (the default) for the kernel where its ranks import ``torch._dynamo``, never ("off") where
+    they do not: about a second of CPU saved per process (:func:`autograder.kit.registry.warm_ranks`;
+    without it lesson 05's clean checks took 10.3 s instead of 4.2 s). The clean re-grade's factory is a
+    fork of it, made first thing (:mod:`autograder.grading.clean`)."""
+    from ..notebooks.cells import lesson_number
+    from ..kit.registry import warm_ranks
 
     if not warm_ranks(lesson_number(Path(f"{lesson}.ipynb")), "checks" if clean else "kernel"):
         return {"HELPERS_WARM_UP": "off"}
@@ -119,14 +109,15 @@ def text_tail(path: Path) -> str:
 
 
 class Job:
-    """One submission's work folder, and the nbgrader and clean runs inside it."""
+    """One submission's work folder, with the record that grading it writes (:attr:`graded`, :attr:`log`)."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
+    def __init__(self, task: Task, graded: Graded) -> None:
+        self.task, self.graded = task, graded
+        self.log: list[str] = []  # what each step has to say, in order; the record's log is made from it
         self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self.work = self.folder / "autograder"
         try:
-            write_files(self.folder, task.course)  # nbgrader_config.py, solutions/<lesson>/, autograder/gradebook.db
+            write_files(self.folder, task.course)  # nbgrader_config.py, solutions/<lesson>/, course/<lesson>/...
             write_files(self.submitted, task.submitted)
         except BaseException:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -136,7 +127,7 @@ class Job:
         self.runtime.mkdir()
         self.clean_folder = self.folder / "clean"
         self.clean_folder.mkdir()
-        self.clean_process: subprocess.Popen | None = None
+        self.clean_process: subprocess.Popen | None = None  # the clean re-grade (autograder.grading.regrade)
         self.clean_started: float | None = None
 
     @property
@@ -146,109 +137,96 @@ class Job:
     @property
     def solution(self) -> Path:
         """The lesson's instructor notebook, as the task carried it."""
-        return self.folder / "solutions" / self.task.lesson / f"{self.task.lesson}.ipynb"
+        return self.folder / _solution(self.task.lesson)
 
     @property
     def notebook(self) -> Path:
+        """The graded notebook, once nbgrader has made it."""
         return self.autograded / f"{self.task.lesson}.ipynb"
 
     def box(self, writable: list[Path], env: dict[str, str] | None = None):
-        from ..course.build import ROOT
+        """The sandbox for this job's learner code: the course and this folder out of sight but ``writable``."""
+        from ..paths import ROOT
         from .sandbox import Sandbox
 
         return Sandbox(writable=writable, hidden=[ROOT, self.folder], env=env or {})
-
-    def api(self, kernel_stderr: str | None = None) -> Any:
-        """nbgrader's API over this work folder; with ``kernel_stderr``, set up to autograde: the kernel in
-        the sandbox (from the spec in ``jupyter/``, which goes first on JUPYTER_PATH while it starts), over
-        Unix sockets, its error output to that file, and watched (autograder.course.preprocessors)."""
-        from nbgrader.converters import Autograde
-        from nbgrader.preprocessors import Execute
-
-        from ..course.build import nbgrader_api
-        from ..lessons.kit import CLEAN_RUN_DECIDES
-        from ..course.preprocessors import SANITIZE, KeepSanitized, WatchedExecute
-        from .sandbox import kernel_spec
-
-        if kernel_stderr is None:
-            return nbgrader_api(self.folder)
-        env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_PRESTART": "1",
-               **warm_up(self.task.lesson, clean=False)}
-        self.autograded.mkdir(parents=True, exist_ok=True)
-        box = self.box([self.autograded, self.runtime], env) if self.task.sandboxed else None
-        kernel_spec(self.folder / "jupyter", box, stderr=kernel_stderr, env=env)
-        return nbgrader_api(self.folder, **{
-            "Autograde.sanitize_preprocessors": [*SANITIZE, KeepSanitized],
-            "Autograde.autograde_preprocessors": [WatchedExecute if p is Execute else p for p in
-                                                  Autograde.class_traits()["autograde_preprocessors"].default()],
-            "KernelManager.transport": "ipc",
-            "KernelManager.ip": str(self.runtime / "kernel"),
-            "KernelManager.connection_file": str(self.runtime / "kernel.json"),
-        })
-
-    def start_clean(self, notebook: Any) -> None:
-        """Start the clean re-grade of ``notebook`` (the restored one, before it runs) in the background."""
-        import nbformat
-
-        from ..course.cells import lesson_number
-
-        copy = self.clean_folder / "submission.ipynb"
-        nbformat.write(notebook, copy)
-        from ..lessons.registry import sealed_modules
-        from ..lessons.sealed import environment
-
-        lesson = lesson_number(self.notebook)
-        argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson)]
-        # The instructor modules the hidden checks need, open for the clean re-grade alone (lessons/sealed.py).
-        sealed = {name: os.open(Path(__file__).resolve().parents[1] / "lessons" / f"{name}.py", os.O_RDONLY)
-                  for name in sealed_modules(lesson)}
-        factory_env = {**RANK_FACTORY_ENV, **warm_up(self.task.lesson, clean=True), **environment(sealed)}
-        if self.task.sandboxed:
-            argv = self.box([self.clean_folder], factory_env).wrap(argv)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **factory_env)
-        env.pop("COURSE_CLEAN_RUN_DECIDES", None)
-        try:
-            with (self.folder / "clean.out").open("wb") as out, (self.folder / "clean.err").open("wb") as err:
-                self.clean_started = time.monotonic()
-                self.clean_process = subprocess.Popen(argv, cwd=self.clean_folder, env=env, stdout=out, stderr=err,
-                                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                                      pass_fds=tuple(sealed.values()))
-        finally:
-            for fd in sealed.values():
-                os.close(fd)
-
-    def finish_clean(self) -> tuple[list[dict[str, Any]], dict[str, Any], str | None, str]:
-        """Wait for the clean re-grade: (one result per part, its first line, why it stopped early or None, its log)."""
-        process, stopped = self.clean_process, None
-        if process is None:
-            return [], {}, "it did not start", ""
-        remaining = CLEAN_TIMEOUT - (time.monotonic() - (self.clean_started or time.monotonic()))
-        try:
-            code = process.wait(timeout=max(1.0, remaining))
-            if code != 0:
-                stopped = f"it exited with code {code}"
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)  # its own session: the sandbox and everything in it
-            process.wait()
-            stopped = f"it did not finish within {CLEAN_TIMEOUT:g} s and was stopped"
-        lines = []
-        for line in (self.folder / "clean.out").read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    pass
-        head = next((line for line in lines if "left_out" in line), {})
-        errors = text_tail(self.folder / "clean.err")
-        if stopped and errors.strip():
-            stopped += ": " + errors.strip().splitlines()[-1]
-        return [line for line in lines if "part" in line], head, stopped, errors
 
     def remove(self) -> None:
         if self.clean_process is not None and self.clean_process.poll() is None:
             os.killpg(self.clean_process.pid, 9)
             self.clean_process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def open_job(task: Task, graded: Graded) -> Job:
+    """*set-up*: the task's work folder, holding a notebook of its lesson. Refused (:class:`Unfinished`, the grading
+    machinery's) on a machine that cannot sandbox the learner's code when the task asks for it, or that cannot
+    write the folder; the learner's when the file handed in is no notebook of this lesson."""
+    started = time.monotonic()
+    refused = _refusal(task)
+    if refused:
+        raise Unfinished("infrastructure", refused)
+    handed_in = task.submitted.get(f"{task.lesson}.ipynb")
+    unreadable = _unreadable(handed_in) or _another_lesson(handed_in, task.course[_solution(task.lesson)], task.lesson)
+    if unreadable:
+        raise Unfinished("learner", unreadable)
+    try:
+        job = Job(task, graded)
+    except Exception as exc:  # noqa: BLE001 - a disk that is full, a task that would write outside its folder
+        raise Unfinished("infrastructure", f"setting up the work folder: {type(exc).__name__}: {exc}") from None
+    job.log.append(f"== work folder {job.folder}")
+    graded.stages["setup"] = round(time.monotonic() - started, 2)
+    return job
+
+
+def _solution(lesson: str) -> str:
+    """Where the lesson's instructor notebook lies in a task's course files, and in the work folder."""
+    return f"solutions/{lesson}/{lesson}.ipynb"
+
+
+def _refusal(task: Task) -> str | None:
+    """Why this process must not grade ``task``: it asks for the sandbox, and no sandbox starts here."""
+    if not task.sandboxed:
+        return None
+    from .sandbox import install_hint, problem
+
+    reason = problem()
+    if reason is None:
+        return None
+    return (f"{socket.gethostname()} cannot sandbox learners' code: {reason}. {install_hint()} "
+            "(--no-sandbox grades without it, with your rights.)")
+
+
+def _unreadable(data: bytes | None) -> str | None:
+    """None when ``data`` is a notebook nbformat can read; else why not, for the learner."""
+    import nbformat
+
+    if data is None:
+        return "no notebook was handed in"
+    try:
+        nbformat.reads(data.decode("utf-8"), as_version=4)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any way a file can fail to be a notebook
+        return f"the notebook file cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+
+
+def _graded_ids(data: bytes) -> set[str]:
+    """The nbgrader grade_ids of a notebook's cells."""
+    import nbformat
+
+    cells = nbformat.reads(data.decode("utf-8"), as_version=4).cells
+    return {c.metadata["nbgrader"]["grade_id"] for c in cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+
+
+def _another_lesson(handed_in: bytes, solution: bytes, lesson: str) -> str | None:
+    """Why the notebook ``handed_in`` is not a submission of ``lesson`` (its nbgrader cells all belong to another
+    lesson: a learner handed in the wrong notebook under this one's name), or None."""
+    theirs, ours = _graded_ids(handed_in), _graded_ids(solution)
+    if not theirs or theirs & ours:
+        return None  # a notebook of this lesson, or one whose cells grading puts back as they were released
+    shown = ", ".join(sorted(theirs)[:4]) + (", ..." if len(theirs) > 4 else "")
+    return (f"the notebook handed in as {lesson} is another lesson's: none of its nbgrader cells ({shown}) belongs "
+            f"to {lesson}. The learner should hand in {lesson}/{lesson}.ipynb")
 
 
 def _alive(pid: int) -> bool:

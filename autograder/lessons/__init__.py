@@ -1,13 +1,14 @@
-"""What is graded: each lesson's exercises, declared once, and the kit and harness they are built on.
+"""Every lesson's graded exercises as learners get them: declarations, self-checks and what both run.
 
-- :mod:`~autograder.lessons.kit`: one :class:`~autograder.lessons.kit.Exercise` per graded
-  exercise (its parts and points, the calls it switches off, its self-check), the registry
-  that finds ``"4.4"`` in ``lesson04.py``, and the small pieces checks share.
-- :mod:`~autograder.lessons.harness`: runs a learner's function on fresh ranks and tells a
-  wrong answer (``GradingFailure``) from a broken check (``CheckError``).
-- ``lessonNN.py``: lesson NN's ``EXERCISES``, found by number; nothing else registers them.
-- :mod:`~autograder.lessons.reference`: the instructor's answers, used by tests and
-  benchmarks; it never ships to learners and is hidden inside the grading sandbox.
+- ``lessonNN.py``: lesson NN's ``EXERCISES`` (found by number by :mod:`autograder.kit.registry`),
+  each with its parts, points, switched-off calls and visible self-check, and the judging
+  functions the self-check shares with the hidden tests;
+- the checkers those use, named for what they check: ``ringcheck`` (lesson 04's ring),
+  ``gradcheck`` (05 and 06's gradient averaging), ``shardcheck`` (09), ``tpcheck`` with
+  ``tpdata`` and ``pipecheck`` (10), ``cpcheck`` with ``cpdata`` (11), ``plancheck`` (12); for Exercise 7.2
+  ``faults`` (the course's pieces and fault plans), ``faultjudge`` (the judgements its
+  self-check shares) and ``faultpoints`` (the recorder copied into each process).
 
-Learners get this package too (``make release``), with every hidden check replaced.
+The hidden tests are in :mod:`autograder.hidden` and the instructor's answers in
+:mod:`autograder.answers`; neither ships, and nothing here imports them.
 """

@@ -10,10 +10,11 @@ takes the same blocks as 11.1 and trades them for whole heads with ``all_to_all`
 
 - :func:`attention_worker` (on the ranks): draws q, k and v for the whole sequence from a seed
   drawn at grading time, gives this rank its blocks, and runs the learner's function under two
-  recorders: the rank's ``torch.distributed`` calls (:func:`autograder.lessons.pieces.recorded`)
+  recorders: the rank's ``torch.distributed`` calls (:func:`autograder.kit.pieces.recorded`)
   and :class:`TensorRecorder`, a ``TorchDispatchMode`` that notes the largest tensor any torch
-  operation created and how many attention scores were computed. It returns, per case, the
-  verdict against one process's full attention and, when wrong, which usual mistake
+  operation created, the most bytes the answer's tensors held at once and how many attention
+  scores were computed. It returns, per case, the verdict against one process's full attention
+  (within :func:`autograder.lessons.cpdata.tolerance`) and, when wrong, which usual mistake
   (:data:`MISTAKES`) gives the learner's numbers;
 - :func:`judge_correct`, :func:`judge_ring`, :func:`judge_memory`, :func:`judge_balanced`,
   :func:`judge_exchange`: the feedback.
@@ -39,12 +40,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .cpdata import MISTAKES, SHAPES, TOLERANCE, TensorRecorder, full_attention, layout, memory_limit, mistakes
-from .kit import Attempt
-from .pieces import plural, recorded
+from .cpdata import MISTAKES, SHAPES, TensorRecorder, full_attention, layout, memory_limit, mistakes, tolerance
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural, recorded
 
 __all__ = ["attention_worker", "judge_correct", "judge_ring", "judge_memory", "judge_balanced", "judge_exchange",
-           "balanced_limit"]
+           "balanced_limit", "visible_scores"]
 
 # -- the worker ------------------------------------------------------------------------------------------
 
@@ -61,9 +62,10 @@ def _data(seed: int, heads: int, s: int, d: int, dtype_name: str):
 def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: str, cases: list) -> list[dict]:
     """Run ``fn`` on this rank for each case ``(causal, dtype_name)``; one verdict row per case.
 
-    A row holds: ``ok``; ``error`` (the largest difference); ``why`` and ``mistake`` when wrong; ``calls``
-    (``(op, peer, bytes)`` of every call the answer made); ``largest`` and ``scores`` (from
-    :class:`TensorRecorder`); ``kv_bytes`` (one key block's plus one value block's bytes).
+    A row holds: ``ok``; ``error`` (the largest difference) and ``tolerance``; ``why`` and ``mistake`` when wrong;
+    ``calls`` (``(op, peer, bytes)`` of every call the answer made); ``largest``, ``over`` (the first tensor over
+    Exercise 11.1's limit, in numbers), ``peak_live`` (the most bytes the answer's tensors held at once) and
+    ``scores`` (from :class:`TensorRecorder`); ``kv_bytes`` (one key block's plus one value block's bytes).
     """
     import torch
 
@@ -79,7 +81,7 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
         row: dict[str, Any] = {"causal": causal, "dtype": dtype_name, "ok": False, "mistake": None,
                                "kv_bytes": k.numel() * k.element_size() + v.numel() * v.element_size(),
                                "block_bytes": q.numel() * q.element_size()}
-        recorder = TensorRecorder(d, memory_limit(world_size, q.element_size()) if kind == "ring" else None)
+        recorder = TensorRecorder(d, memory_limit() if kind == "ring" else None, itemsize=q.element_size())
         try:
             with recorder:
                 out, calls = recorded(lambda: fn(q, k, v) if kind == "zigzag" else fn(q, k, v, causal=causal))
@@ -87,7 +89,7 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
             if "does not support alltoall" not in str(err):
                 raise
             # torch 2.4's gloo has all_to_all_single only: name the call that runs instead of blaming the checks
-            row.update(calls=[], largest=0, scores=0, over=None,
+            row.update(calls=[], largest=0, scores=0, over=None, peak_live=0,
                        why=(f"dist.all_to_all failed: {str(err).splitlines()[0]}. This torch's gloo has no list form; "
                             "use dist.all_to_all_single(output, input), which cuts input along its first dimension "
                             "into p equal pieces, piece j to rank j"))
@@ -95,6 +97,7 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
             continue
         row["calls"] = [(e.op, e.peer, e.nbytes) for e in calls]
         row["largest"], row["scores"], row["over"] = recorder.largest, recorder.scores, recorder.first_over
+        row["peak_live"] = recorder.peak_live
         q_all, k_all, v_all = _data(seed + 7919 * i, heads, s, d, dtype_name)
         want = full_attention(q_all.double(), k_all.double(), v_all.double(), causal)[:, mine].to(q.dtype)
         if not isinstance(out, torch.Tensor):
@@ -106,21 +109,23 @@ def attention_worker(rank: int, world_size: int, fn: Callable, seed: int, kind: 
             row["why"] = f"it returned {out.dtype}; keep the inputs' dtype, {want.dtype}"
         else:
             error = float((out.detach().double() - want.double()).abs().max())
-            row["error"] = error
-            tol = TOLERANCE[dtype_name]
+            tol = tolerance(dtype_name, q_all, k_all, v_all)
+            row["error"], row["tolerance"] = error, tol
             if error <= tol and not torch.isnan(out).any():
                 row["ok"] = True
             else:
                 bad = (out.detach().double() - want.double()).abs() > tol
                 h, t, c = (int(x) for x in bad.nonzero()[0]) if bad.any() else (0, 0, 0)
                 row["why"] = (f"its output differs from one process's full attention by up to {error:.3g} (allowed "
-                              f"{tol:g}); first at head {h}, token {t} of this rank (position {mine[t]} of {s}): "
+                              f"{tol:.3g}); first at head {h}, token {t} of this rank (position {mine[t]} of {s}): "
                               f"expected {float(want[h, t, c]):.6g}, got {float(out[h, t, c]):.6g}")
                 if bool(torch.isnan(out).any()):
                     row["why"] += ("; it holds NaN: a row of scores masked entirely gives exp(-inf - (-inf)); skip "
                                    "blocks that are masked for every query instead of masking them")
                 for name, got in mistakes(q_all.double(), k_all.double(), v_all.double(), rank, world_size, kind,
                                            causal, block).items():
+                    if name == "own_only" and row["calls"]:
+                        continue  # it received blocks: a mask or a merge dropped them, as a later mistake says
                     if got is not None and float((got - out.detach().double()).abs().max()) <= max(tol, 1e-6):
                         row["mistake"] = name
                         break
@@ -160,17 +165,19 @@ def _sizes(calls: list, which: Callable) -> list:
     return [(peer, n or 0) for op, peer, n in calls if which(op)]
 
 
-def judge_ring(attempt: Attempt, p: int, replies: list) -> None:
+def judge_ring(attempt: Attempt, p: int, replies: list, causal: bool = False) -> None:
     """Each rank sends (p - 1) x (K block + V block) bytes to its right neighbour only, receives as much from its left.
 
     In one, two or 2(p - 1) messages' worth per step: stacked K and V, or K and V as two messages of a step.
-    Every call must be a point-to-point one (collectives are switched off anyway).
+    Every call must be a point-to-point one (collectives are switched off anyway). Exercise 11.1's causal runs
+    pass the same blocks, so only its non-causal ones are counted; ``causal`` counts them too (Exercise 11.2's
+    runs are all causal).
     """
     for rank, rows in enumerate(replies):
         right, left = (rank + 1) % p, (rank - 1) % p
         for row in rows:
-            if row["causal"]:
-                continue  # a causal ring passes the same blocks; the non-causal runs are counted
+            if row["causal"] and not causal:
+                continue
             where, kv = f"{_where(p, row)}, rank {rank}", row["kv_bytes"]
             sends = _sizes(row["calls"], lambda op: op in ("send", "isend"))
             recvs = _sizes(row["calls"], lambda op: op in ("recv", "irecv"))
@@ -208,7 +215,8 @@ def judge_ring(attempt: Attempt, p: int, replies: list) -> None:
 
 
 def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
-    """No tensor created while the answer ran is larger than one block of scores per head (or one stacked K/V pair)."""
+    """No tensor created while the answer ran holds more numbers than one block of scores per head (or one stacked
+    K/V pair), whatever its precision (:func:`autograder.lessons.cpdata.memory_limit`)."""
     sizes = SHAPES["ring"]
     h, b, d = sizes["heads"], sizes["block"], sizes["d"]
     for rank, rows in enumerate(replies):
@@ -221,9 +229,7 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
                              "while it runs, so that what they create can be measured.")
             if row["over"] is None:
                 continue
-            size, shape, op = row["over"]
-            item = row["block_bytes"] // (h * b * d)  # the inputs' bytes per number
-            limit, n = memory_limit(p, item), size // item
+            n, shape, op = row["over"]  # in numbers: a float64 copy of float32 scores counts as many
             what = ""
             if shape and shape[-1] == d and n >= h * p * b * d:
                 what = (f" That is every rank's {'keys or values' if n < 2 * h * p * b * d else 'keys and values'} "
@@ -232,9 +238,9 @@ def judge_memory(attempt: Attempt, p: int, replies: list) -> None:
             elif shape and shape[-1] == p * b:
                 what = (f" That is a whole row of scores, {b} queries x all {p * b} keys: compute one {b} x {b} block "
                         "of scores per step and merge it with the online softmax.")
-            attempt.fail(f"{_where(p, row)}, rank {rank} created a tensor of shape {shape} ({size:,} bytes, by {op}); "
-                         f"the most a step needs is {limit:,} bytes: one {b} x {b} block of scores for each of the "
-                         f"{h} heads ({h * b * b} numbers of {item} bytes), or a key block and a value block stacked "
+            attempt.fail(f"{_where(p, row)}, rank {rank} created a tensor of shape {shape} ({n:,} numbers, by {op}); "
+                         f"the most a step needs is {memory_limit():,}: one {b} x {b} block of scores for each of the "
+                         f"{h} heads ({h * b * b} numbers), or a key block and a value block stacked "
                          f"({2 * h * b * d} numbers)." + what)
 
 
@@ -246,8 +252,22 @@ def balanced_limit(p: int) -> int:
     return h * (4 * c * c + (p - 1) * 2 * c * c)
 
 
+def visible_scores(p: int) -> int:
+    """The scores the causal mask leaves a zig-zag rank, per head times heads: chunk r's queries see r chunks and
+    their own lower triangle, chunk 2p - 1 - r's see 2p - 1 - r chunks and theirs; the same on every rank.
+
+    >>> visible_scores(2), balanced_limit(2)
+    (78, 108)
+    """
+    sizes = SHAPES["zigzag"]
+    h, c = sizes["heads"], sizes["block"]
+    return h * ((2 * p - 1) * c * c + c * (c + 1))
+
+
 def judge_balanced(attempt: Attempt, p: int, replies: list) -> None:
-    """Every rank computed the same number of scores, at most :func:`balanced_limit` (fully masked blocks skipped)."""
+    """The ring's work, done evenly: the ring's traffic (:func:`judge_ring`), and every rank computed the same
+    number of scores, at least :func:`visible_scores` (every visible one) and at most :func:`balanced_limit`
+    (fully masked blocks skipped)."""
     sizes = SHAPES["zigzag"]
     h, c = sizes["heads"], sizes["block"]
     counts = [rows[0]["scores"] for rows in replies]
@@ -258,6 +278,12 @@ def judge_balanced(attempt: Attempt, p: int, replies: list) -> None:
     if len(set(counts)) > 1:
         attempt.fail(f"on {plural(p, 'rank')}, the ranks computed {counts} scores: the zig-zag split gives every rank "
                      "the same causal work. Is the layout right (rank r holds chunks r and 2p - 1 - r)?")
+    if counts[0] < visible_scores(p):
+        attempt.fail(f"on {plural(p, 'rank')}, each rank computed {counts[0]} scores, fewer than the "
+                     f"{visible_scores(p)} its queries see through the causal mask (every key at a query's position "
+                     "or before, on every rank): blocks that the ring brings were never computed. Balanced means the "
+                     "ring's whole work, shared evenly.")
+    judge_ring(attempt, p, replies, causal=True)
     if counts[0] > balanced_limit(p):
         attempt.fail(f"on {plural(p, 'rank')}, each rank computed {counts[0]} scores; skipping what the causal mask "
                      f"hides leaves at most {balanced_limit(p)} ({full} without skipping). From a rank before yours "
@@ -280,6 +306,11 @@ def judge_exchange(attempt: Attempt, p: int, replies: list) -> None:
             moved = sum(n or 0 for op, _, n in row["calls"] if op.startswith("all_to_all"))
             want = 4 * row["block_bytes"]
             if moved != want:
+                blocks = moved / row["block_bytes"]
+                whole = "keys and values" if blocks == 2 * p else "queries, keys and values"
+                gathered = (f" {blocks:g} blocks are your {whole} sent whole to each of the {p} ranks: an all-gather "
+                            "made of all_to_all, which gives every rank every token, not the heads split. Send rank j "
+                            "only heads j h/p to (j + 1) h/p - 1 of your tokens." if blocks in (2 * p, 3 * p) else "")
                 attempt.fail(f"{where} passed {moved} bytes through all_to_all; Ulysses exchanges q, k and v (sequence "
                              f"split -> heads split) and the output back (heads -> sequence): 4 x {row['block_bytes']} "
-                             f"= {want} bytes per rank.")
+                             f"= {want} bytes per rank." + gathered)

@@ -21,7 +21,7 @@ import math
 from helpers.attention import TensorRecorder, zigzag_chunks, zigzag_positions
 
 __all__ = ["SHAPES", "TOLERANCE", "MISTAKES", "full_attention", "zigzag_chunks", "zigzag_positions", "layout",
-           "mistakes", "TensorRecorder", "memory_limit"]
+           "mistakes", "TensorRecorder", "memory_limit", "tolerance"]
 
 #: Sizes per layout: heads, tokens per rank (contiguous) or per chunk (zig-zag), head width d. In the
 #: contiguous layout d is half the block, so one score block per head (b x b) is as large as a stacked
@@ -30,7 +30,32 @@ __all__ = ["SHAPES", "TOLERANCE", "MISTAKES", "full_attention", "zigzag_chunks",
 #: key length (3 and 6), so a product that contracts over d is a block of scores and nothing else.
 SHAPES = {"ring": {"heads": 2, "block": 8, "d": 4}, "zigzag": {"heads": 2, "block": 3, "d": 5},
           "ulysses": {"heads": 4, "block": 6, "d": 3}}
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # the least each dtype is allowed; see tolerance()
+
+
+def tolerance(dtype_name: str, q, k, v) -> float:
+    """How far a right answer's output may be from one process's in float64, for inputs ``q``, ``k``, ``v`` (the
+    whole sequence's) of ``dtype_name``: the larger of :data:`TOLERANCE` and 16 u (1 + max|s|) max|v|.
+
+    Why: u is the dtype's unit roundoff (2^-24 for float32). A score s = q.k / sqrt(d) comes out with an absolute
+    error of a few u |s|; exp turns an absolute error e of its argument into a relative error e of its result, so
+    every softmax weight, and the sum l, carry a relative error of a few u (1 + max|s|), whichever way the blocks
+    are merged (rescaled by exp(m_old - m_new), or through log-sum-exp); the output, a weighted mean of the rows
+    of v, is then off by that much times max|v|. Right float32 merges measured on these data stay under 2 u (1 +
+    max|s|) max|v|; 16 leaves room, and still fails every real mistake, whose error is the size of the output.
+
+    >>> import torch
+    >>> ones = torch.ones(1, 2, 4)
+    >>> tolerance("float64", ones, ones, ones), round(tolerance("float32", ones, ones, 3 * ones), 9)
+    (1e-10, 1e-05)
+    """
+    import torch
+
+    if dtype_name != "float32":
+        return TOLERANCE[dtype_name]
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    bound = 16 * 2.0 ** -24 * (1 + float(scores.abs().max())) * float(v.double().abs().max())
+    return max(TOLERANCE[dtype_name], bound)
 
 
 def layout(kind: str, rank: int, world_size: int, block: int) -> list[int]:
@@ -123,14 +148,16 @@ def mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal:
     def right_masks():
         return [(kp[None, :] <= qp[:, None]) if causal else None for kp in kps]
 
+    n = len(pos[rank])
     found = {
+        # Before the others: on rank 0 several of them reduce to this one, and this one says what happened.
+        "own_only": _blockwise(q, ks[:1], vs[:1], [torch.ones(n, n, dtype=torch.bool).tril() if causal else None]),
         "no_rescale": _blockwise(q, ks, vs, right_masks(), rescale=False),
         "divide_each_step": _blockwise(q, ks, vs, right_masks(), divide_each_step=True),
         "no_scale": full_attention(q * math.sqrt(q.shape[-1]), k_all, v_all, causal, qp, torch.arange(k_all.shape[1])),
         "no_divide": _unnormalised(q, k_all, v_all, qp if causal else None),
     }
     if causal:
-        n = len(pos[rank])
         local = torch.ones(n, n, dtype=torch.bool).tril()
         # A mask built from the positions inside the block (0 .. n-1) for queries and keys alike: the block's
         # own lower triangle on every block that is not skipped.
@@ -156,6 +183,9 @@ def mistakes(q_all, k_all, v_all, rank: int, world_size: int, kind: str, causal:
 
 #: What feedback says when a rank's output equals one of :func:`_mistakes`'s: the mistake, and its fix.
 MISTAKES = {
+    "own_only": "Your output matches attention over this rank's own keys and values alone: the other ranks' blocks "
+                "never reached the computation. Pass the key/value blocks round the ring, and merge each one as it "
+                "arrives.",
     "no_rescale": "Your output matches merging the blocks without rescaling: when a new block raises the running "
                   "maximum m, the output and the sum gathered so far were computed with the old maximum and must be "
                   "multiplied by exp(m_old - m_new) before the new block's part is added.",
@@ -180,13 +210,16 @@ MISTAKES = {
 }
 
 
-def memory_limit(p: int, itemsize: int = 8) -> int:
-    """Exercise 11.1's memory rule in bytes: one (s/p) x (s/p) block of scores per head, or one stacked K/V pair, of
-    numbers of ``itemsize`` bytes (a boolean mask of the same shape is smaller: it counts as what it takes).
+def memory_limit() -> int:
+    """Exercise 11.1's memory rule, in numbers: one (s/p) x (s/p) block of scores per head, or one stacked K/V pair.
 
-    >>> memory_limit(3), memory_limit(3, 4)
-    (1024, 512)
+    A tensor counts its elements, whatever its floating-point precision (scores computed in float64 for float32
+    inputs count as many as in float32); a boolean or integer tensor counts its bytes over the inputs' bytes per
+    number, so a boolean mask is smaller than a block of scores of the same shape.
+
+    >>> memory_limit()
+    128
     """
     sizes = SHAPES["ring"]
     h, b, d = sizes["heads"], sizes["block"], sizes["d"]
-    return max(h * b * b, 2 * h * b * d) * itemsize
+    return max(h * b * b, 2 * h * b * d)

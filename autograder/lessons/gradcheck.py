@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .kit import Attempt
-from .pieces import HALF_FINISHED, plural, read_before_wait, recorded
+from ..kit.exercise import Attempt
+from ..kit.pieces import HALF_FINISHED, plural, read_before_wait, recorded
 
 __all__ = ["graded_model", "graded_batch", "shard_loss", "reference_grads", "grad_worker", "signature_worker",
            "judge_signature", "training_worker", "WIDTHS", "LATE", "wrapper_model", "wrapper_batch", "wrapper_reference",
@@ -92,7 +92,7 @@ def signature_worker(rank: int, world_size: int, fn: Callable) -> dict[str, Any]
     """Each rank's gradient is 2**rank everywhere (and its weight 10 (rank + 1)); returns what each rank ends with.
 
     Also whether the learner's code changed the weight itself, and whether it received data
-    asynchronously (see :func:`autograder.lessons.pieces.read_before_wait`).
+    asynchronously (see :func:`autograder.kit.pieces.read_before_wait`).
     """
     import torch
 

@@ -7,20 +7,18 @@ processes, called there, and its return values come back.
 Hidden test cell and visible self-check::
 
     from autograder import exercise
-    exercise("0.1").grade(hello, "hello")     # 1, 2, 3 and 5 ranks
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("0.1", hello, "hello")     # 1, 2, 3 and 5 ranks
     exercise("0.1").self_check(hello)         # 3 ranks
 
-Example::
-
-    >>> exercise_0_1.grade(lambda rank, world_size: f"rank {rank} of {world_size}", "hello")
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .kit import Attempt, Exercise, Part
-from .pieces import call_learner, plural
+from ..kit.exercise import Attempt, Exercise, Part
+from ..kit.pieces import call_learner, plural
 
 __all__ = ["EXERCISES", "exercise_0_1", "WORLD_SIZES"]
 
@@ -64,7 +62,7 @@ exercise_0_1 = Exercise(
     number="0.1",
     function="hello",
     title="say hello",
-    parts=(Part("hello", 1, '`hello` returns "rank R of W" on 1, 2, 3 and 5 ranks.', _hello),),
+    parts=(Part("hello", 1, '`hello` returns "rank R of W" on 1, 2, 3 and 5 ranks.'),),
     visible_check=_self_check,
 )
 

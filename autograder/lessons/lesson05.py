@@ -22,27 +22,23 @@ replays those steps in one process.
 Hidden test cells and visible self-checks::
 
     from autograder import exercise
-    exercise("5.1").grade(average_gradients, "correct")      # "unused_frozen_tied", "parameters_unchanged", "training"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("5.1", average_gradients, "correct")      # "unused_frozen_tied", "parameters_unchanged", "training"
     exercise("5.1").self_check(average_gradients)
-    exercise("5.2").grade(train, "same_steps")               # "sharding"
+    grade("5.2", train, "same_steps")               # "sharding"
     exercise("5.2").self_check(train)
 
-Example (the instructor's answer passes)::
-
-    >>> from autograder.lessons.reference import average_gradients
-    >>> exercise_5_1.grade(average_gradients, "correct")
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from helpers import DDP
 
-from .gradcheck import (grad_worker, graded_batch, graded_model, judge_signature, shard_loss, signature_worker,
-                        training_worker)
-from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import HALF_FINISHED, plural
+from .gradcheck import grad_worker, judge_signature, signature_worker
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
+from ..kit.pieces import HALF_FINISHED, plural
 
 __all__ = ["EXERCISES", "exercise_5_1", "exercise_5_2"]
 
@@ -50,9 +46,6 @@ TIMEOUT = 10.0
 # Parts where a learner's mismatched calls (a parameter skipped on some ranks only) hang:
 # a correct answer finishes in well under a second, so a hang costs less.
 TIMEOUT_UNUSED = 8.0
-# (model kind, dtype, world sizes): what the part "correct" runs.
-CORRECT_CASES = (("mlp", "float32", (1, 2, 3, 4, 8)), ("mlp", "float64", (3,)))
-SPECIAL_CASES = (("frozen", (2, 3)), ("unused_everywhere", (2,)), ("unused_on_rank_0", (2, 4)), ("tied", (3,)))
 _MODEL_WORDS = {
     "mlp": "a two-layer model",
     "frozen": "a model whose first layer's bias is frozen (requires_grad=False)",
@@ -120,47 +113,6 @@ def _signatures(attempt: Attempt, world_sizes: tuple[int, ...]) -> None:
         judge_signature(attempt, world_size, list(values))
 
 
-def _correct(attempt: Attempt) -> None:
-    _signatures(attempt, (2, 3, 4))
-    for kind, dtype_name, worlds in CORRECT_CASES:
-        for world_size in worlds:
-            _run_grads(attempt, kind, dtype_name, world_size)
-
-
-def _unused_frozen_tied(attempt: Attempt) -> None:
-    for kind, worlds in SPECIAL_CASES:
-        for world_size in worlds:
-            _run_grads(attempt, kind, "float32", world_size)
-
-
-def _parameters_unchanged(attempt: Attempt) -> None:
-    for kind, world_size in (("mlp", 3), ("frozen", 2)):
-        replies = _run_grads(attempt, kind, "float32", world_size, spread=True)
-        for rank, reply in enumerate(replies):
-            if reply["changed"]:
-                same = all(
-                    r["equal_after"][reply["changed"][0]].equal(replies[0]["equal_after"][reply["changed"][0]])
-                    for r in replies
-                )
-                hint = (" The ranks' weights are now equal: it looks like the weights were averaged instead "
-                        "of the gradients." if same and world_size > 1 else "")
-                attempt.fail(f"on {plural(world_size, 'rank')}, each rank with slightly different weights, rank "
-                             f"{rank}: average_gradients changed the parameter {reply['changed'][0]} itself. Only "
-                             f"the .grad tensors may change; the optimizer changes the weights.{hint}")
-
-
-def _training(attempt: Attempt) -> None:
-    for optimizer, world_size in (("sgd", 2), ("momentum", 3), ("adam", 4)):
-        seed = fresh_seed()
-        result = attempt.run(training_worker, world_size, (attempt.fn, optimizer, seed, 5, 3), timeout=TIMEOUT,
-                             context=f"5 steps of {optimizer} in float64")
-        for rank, reply in enumerate(result):
-            if reply["worst"] > 1e-9 * max(1.0, reply["scale"]):
-                attempt.fail(f"on {plural(world_size, 'rank')}, after 5 steps of {optimizer} with your averaging, "
-                             f"rank {rank}'s weights differ from one process training on the whole batch by up to "
-                             f"{reply['worst']:.3g}. Each step's gradient must be the mean over the ranks.")
-
-
 def _visible_5_1(attempt: Attempt) -> str:
     _signatures(attempt, (2, 3))
     for kind, world_size in (("mlp", 2), ("mlp", 3), ("frozen", 2), ("unused_everywhere", 2),
@@ -177,10 +129,10 @@ exercise_5_1 = Exercise(
     function="average_gradients",
     title="average gradients over the ranks",
     parts=(
-        Part("correct", 2, "the gradients equal one process on the whole batch, on 1 to 8 ranks.", _correct),
-        Part("unused_frozen_tied", 1, "frozen, unused and tied parameters.", _unused_frozen_tied),
-        Part("parameters_unchanged", 1, "only the gradients change.", _parameters_unchanged),
-        Part("training", 2, "k steps of SGD, momentum and Adam end where one process ends.", _training),
+        Part("correct", 2, "the gradients equal one process on the whole batch, on 1 to 8 ranks."),
+        Part("unused_frozen_tied", 1, "frozen, unused and tied parameters."),
+        Part("parameters_unchanged", 1, "only the gradients change."),
+        Part("training", 2, "k steps of SGD, momentum and Adam end where one process ends."),
     ),
     visible_check=_visible_5_1,
     hints=dict.fromkeys(("AttributeError", "TypeError"), "A parameter's .grad is None when it is frozen or no data "
@@ -364,8 +316,8 @@ exercise_5_2 = Exercise(
     function="train",
     title="a distributed training loop",
     parts=(
-        Part("same_steps", 2, "the ranks end with the weights one process reaches.", _same_steps),
-        Part("sharding", 2, "each epoch a new shuffle: every sample once, in equal shards.", _sharding),
+        Part("same_steps", 2, "the ranks end with the weights one process reaches."),
+        Part("sharding", 2, "each epoch a new shuffle: every sample once, in equal shards."),
     ),
     visible_check=_visible_5_2,
     forbid=(DDP,),
@@ -374,7 +326,7 @@ exercise_5_2 = Exercise(
 )
 
 # Its ranks build optimizers, in the notebook's cells and in the checks: their factory imports torch._dynamo once,
-# ahead (autograder.lessons.registry.warm_ranks).
+# ahead (autograder.kit.registry.warm_ranks).
 WARM_RANKS = ("kernel", "checks")
 
 EXERCISES = (exercise_5_1, exercise_5_2)

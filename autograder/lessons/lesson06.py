@@ -23,14 +23,11 @@ made in Python. torch's own DistributedDataParallel is switched off.
 Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("6.1").grade(PerParameterDDP, "broadcast")   # "gradients", "per_parameter", "unused"
-    exercise("6.2").grade(MiniDDP, "broadcast")   # "gradients", "waits", "buckets", "overlap", "unused"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("6.1", PerParameterDDP, "broadcast")   # "gradients", "per_parameter", "unused"
+    grade("6.2", MiniDDP, "broadcast")   # "gradients", "waits", "buckets", "overlap", "unused"
     exercise("6.2").self_check(MiniDDP)
 
-Example (the instructor's answer passes)::
-
-    >>> from autograder.lessons.reference import MiniDDP
-    >>> exercise_6_2.grade(MiniDDP, "buckets")
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ from typing import Any
 from helpers import DDP
 
 from .gradcheck import LATE, WIDTHS, wrapper_broadcast_worker, wrapper_step_worker
-from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import plural
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
+from ..kit.pieces import plural
 
 __all__ = ["EXERCISES", "exercise_6_1", "exercise_6_2", "layer_sizes", "bucket_layout"]
 
@@ -274,13 +271,13 @@ exercise_6_1 = Exercise(
     function="PerParameterDDP",
     title="one all-reduce per parameter, started from its hook",
     parts=(
-        Part("broadcast", 1, "every parameter and buffer equals rank 0's after construction.", _broadcast),
+        Part("broadcast", 1, "every parameter and buffer equals rank 0's after construction."),
         Part("gradients", 2, "two SGD steps' gradients equal one process on the whole batch, on 1 to 4 ranks, also "
-             "with one rank late.", _gradients_6_1),
+             "with one rank late."),
         Part("per_parameter", 2, "one all-reduce per parameter and step, started from its hook and left running "
-             "while backward goes on.", _per_parameter),
+             "while backward goes on."),
         Part("unused", 1, "with a frozen parameter and a head no rank uses, nothing hangs, the other gradients are the "
-             "mean, and those two keep .grad None.", _unused),
+             "mean, and those two keep .grad None."),
     ),
     visible_check=_self_check_6_1,
     forbid=(DDP,),
@@ -336,14 +333,13 @@ exercise_6_2 = Exercise(
     function="MiniDDP",
     title="MiniDDP, gradients reduced in buckets during backward",
     parts=(
-        Part("broadcast", 2, "every parameter and buffer equals rank 0's after construction.", _broadcast),
-        Part("gradients", 3, "two SGD steps' gradients equal one process on the whole batch, on 1 to 4 ranks.",
-             _gradients),
-        Part("waits", 1, "still right when one rank is late: every all-reduce is waited for.", _waits),
-        Part("buckets", 2, "one all-reduce per bucket, with the bucket sizes the rule gives.", _buckets),
-        Part("overlap", 1, "the first all-reduce starts before backward computes its last gradient.", _overlap),
+        Part("broadcast", 2, "every parameter and buffer equals rank 0's after construction."),
+        Part("gradients", 3, "two SGD steps' gradients equal one process on the whole batch, on 1 to 4 ranks."),
+        Part("waits", 1, "still right when one rank is late: every all-reduce is waited for."),
+        Part("buckets", 2, "one all-reduce per bucket, with the bucket sizes the rule gives."),
+        Part("overlap", 1, "the first all-reduce starts before backward computes its last gradient."),
         Part("unused", 1, "with a frozen parameter and a head no rank uses, nothing hangs, the other gradients are the "
-             "mean, and those two keep .grad None.", _unused),
+             "mean, and those two keep .grad None."),
     ),
     visible_check=_self_check_6_2,
     forbid=(DDP,),
@@ -352,7 +348,7 @@ exercise_6_2 = Exercise(
 )
 
 # Its ranks build optimizers, in the notebook's cells and in the checks: their factory imports torch._dynamo once,
-# ahead (autograder.lessons.registry.warm_ranks).
+# ahead (autograder.kit.registry.warm_ranks).
 WARM_RANKS = ("kernel", "checks")
 
 EXERCISES = (exercise_6_1, exercise_6_2)

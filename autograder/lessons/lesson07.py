@@ -1,4 +1,4 @@
-"""Lesson 07's graded exercise: 7.1, a launcher-ready training script's ``main()``.
+"""Lesson 07's graded exercises: 7.1, a launcher-ready training script's ``main()``, and 7.2, one that survives a lost process.
 
 The learner writes ``main()`` for a script that ``torchrun`` starts on every process:
 set up the process group from the environment, shard the course's dataset with
@@ -9,32 +9,43 @@ set up the process group from the environment, shard the course's dataset with
 save at a barrier (checked: a barrier of each process returns after the save) and destroys its
 process group before it returns.
 
-How the checks judge: :meth:`~autograder.lessons.kit.Attempt.torchrun` runs the learner's
-``main`` as a script under real ``torchrun`` agents (:mod:`autograder.lessons.torchrun`),
+How the checks judge: :meth:`~autograder.kit.exercise.Attempt.torchrun` runs the learner's
+``main`` as a script under real ``torchrun`` agents (:mod:`autograder.kit.torchrun`),
 with the course's ``make_model``, ``make_dataset`` and constants in place of the notebook's,
 so the data cannot differ: two agents of two processes each (two simulated hosts), and one
-agent of three. Each process records every ``torch.save``, whether its process group was
+agent of three, every process forked from its agent (``--run-path --start-method=fork``:
+one torch import per agent). Each process records every ``torch.save``, whether its process group was
 still alive at exit and, when it failed, its exception with the learner's line. A single
 process replays the same global batches for the reference weights and loss. A job that does
 not end in time is stopped with everything it started, and each process's stack says where
 it was; a failed job's feedback is the first failing process's own account.
 
-Hidden test cells and the visible self-check::
+Exercise 7.2: the learner's ``resilient_main()`` trains STEPS steps of the course's dropout
+model, checkpoints every CKPT_EVERY steps and resumes from the newest complete checkpoint. Its
+course pieces, faults and shared judgements are in :mod:`autograder.lessons.faults` and
+:mod:`autograder.lessons.faultjudge`; its self-check is here (2 processes, one killed at a
+random step); its hidden parts are in :mod:`autograder.hidden.faultparts` (instructor only).
+
+Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("7.1").grade(main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("7.1", main, "runs")   # "same_result", "rank_zero_only", "clean_exit", "any_topology"
     exercise("7.1").self_check(main)      # two agents of one process each
+    grade("7.2", resilient_main, "resumes")   # "no_repeat", "atomic", "reshard", "clean_exit"
+    exercise("7.2").self_check(resilient_main)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .kit import Attempt, Exercise, Part
-from .pieces import plural
-from .torchrun import ScriptRun
+from .faults import course_72, make_dataset
+from ..kit.exercise import Attempt, Exercise, Part
+from ..kit.pieces import plural
+from ..kit.torchrun import ScriptRun
 
-__all__ = ["EXERCISES", "exercise_7_1", "make_model", "make_dataset", "COURSE"]
+__all__ = ["EXERCISES", "exercise_7_1", "exercise_7_2", "make_model", "make_dataset", "COURSE", "course_72"]
 
 SAMPLES, FEATURES, CLASSES = 48, 6, 3
 EPOCHS, BATCH_SIZE, LR = 2, 4, 0.3
@@ -53,24 +64,13 @@ def make_model():
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
-def make_dataset():
-    """48 samples of 6 features in 3 classes, the same in every process."""
-    import torch
-    from torch.utils.data import TensorDataset
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(48, 6, generator=g)
-    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
-    return TensorDataset(x, y)
-
-
 COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset, "EPOCHS": EPOCHS,
                           "BATCH_SIZE": BATCH_SIZE, "LR": LR, "CHECKPOINT": CHECKPOINT}
 
 
 def _job(attempt: Attempt, nnodes: int, nproc: int) -> ScriptRun:
     """The learner's main() under torchrun, with the course's model, data and constants; fails the part if it failed."""
-    return attempt.torchrun(nnodes, nproc, replace=COURSE)
+    return attempt.torchrun(nnodes, nproc, replace=COURSE, fork=True)
 
 
 def _final_losses(run: ScriptRun) -> list[float]:
@@ -137,14 +137,6 @@ def _judge_result(attempt: Attempt, run: ScriptRun) -> None:
                      f"whole dataset is {loss:.6f}.")
 
 
-def _runs_part(attempt: Attempt) -> None:
-    _job(attempt, 2, 2)
-
-
-def _same_result(attempt: Attempt) -> None:
-    _judge_result(attempt, _job(attempt, 2, 2))
-
-
 def _rank_zero_only(attempt: Attempt, run: ScriptRun | None = None) -> None:
     run = run or _job(attempt, 2, 2)
     writers = [s["rank"] for s in run.saves]
@@ -177,12 +169,6 @@ def _clean_exit(attempt: Attempt, run: ScriptRun | None = None) -> None:
         attempt.fail(f"under {run.where}, only {len(run.exits)} of {run.world_size} processes exited normally.")
 
 
-def _any_topology(attempt: Attempt) -> None:
-    run = _job(attempt, 1, 3)
-    _judge_result(attempt, run)
-    _rank_zero_only(attempt, run)
-
-
 def _self_check(attempt: Attempt) -> str:
     # Two simulated hosts of one process each: LOCAL_RANK is 0 on both, so a LOCAL_RANK used as the global rank shows.
     run = _job(attempt, 2, 1)
@@ -200,15 +186,58 @@ exercise_7_1 = Exercise(
     function="main",
     title="a launcher-ready training script",
     parts=(
-        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0.", _runs_part),
-        Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches.",
-             _same_result),
-        Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss.", _rank_zero_only),
+        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0."),
+        Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches."),
+        Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss."),
         Part("clean_exit", 1, "every process waits at a barrier for rank 0's checkpoint, then destroys its process "
-             "group before exiting.", _clean_exit),
-        Part("any_topology", 2, "one agent of three processes: right result, one writer.", _any_topology),
+             "group before exiting."),
+        Part("any_topology", 2, "one agent of three processes: right result, one writer."),
     ),
     visible_check=_self_check,
 )
 
-EXERCISES = (exercise_7_1,)
+
+# -- Exercise 7.2: a script that survives a lost process --------------------------------------------------
+
+
+def _self_check_72(attempt: Attempt) -> str:
+    from . import faultjudge as judge
+    from . import faults
+    from ..kit.torchrun import run_together
+
+    seed = faults.fault_seed()
+    kill = faults.step_kill(seed, 2)
+    fault = faults.where(kill, seed)
+    killed = run_together([faults.job(attempt.fn, 2, course_72(), kill=kill, label="the job with a fault")])[0]
+    judge.ran(attempt, killed, fault)
+    timeline = faults.Timeline.read(killed.folder)
+    start = judge.resumed(attempt, killed, timeline, fault)
+    judge.in_order(attempt, killed, timeline, faults.STEPS, fault)
+    weights, loss = faults.reference(faults.STEPS)
+    judge.same_result(attempt, killed, weights, loss, faults.CLOSE, "one process taking the same global batches")
+    return (f"Self-check passed: on 2 processes, {fault}; torchrun restarted the job, which resumed from the "
+            f"checkpoint of step {start} with the weights, optimizer state and RNG state it had saved (bit for bit), "
+            "trained every global batch once, and ended with the weights and loss of one process taking the same "
+            "global batches. The hidden tests run 4 processes, also without a fault, kill one while it writes a "
+            "checkpoint, resume a 4-process checkpoint on 2 and 3 processes, and check that nothing is left behind.")
+
+
+exercise_7_2 = Exercise(
+    number="7.2",
+    function="resilient_main",
+    title="a training script that survives a lost process",
+    parts=(
+        Part("resumes", 3, "4 processes, one killed at a random step: torchrun restarts the job, which resumes from the "
+             "newest complete checkpoint (its state restored bit for bit) and ends with an uninterrupted run's weights and loss."),
+        Part("no_repeat", 2, "across the failure every global batch is trained on once, in the data's order: no step "
+             "applied twice, no batch skipped."),
+        Part("atomic", 2, "a process killed while it writes a checkpoint leaves the previous one usable: the job "
+             "resumes from it and ends right."),
+        Part("reshard", 2, "a 4-process checkpoint resumed on 2 and on 3 processes ends equal to one process taking the "
+             "same global batches."),
+        Part("clean_exit", 1, "every process destroys its process group and leaves no process behind."),
+    ),
+    visible_check=_self_check_72,
+)
+
+EXERCISES = (exercise_7_1, exercise_7_2)

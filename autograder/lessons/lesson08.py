@@ -25,7 +25,8 @@ the expected and the actual values.
 Hidden test cells and the visible self-check::
 
     from autograder import exercise
-    exercise("8.1").grade(Repaired, "hang")       # "wrong_result", "crash"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("8.1", Repaired, "hang")       # "wrong_result", "crash"
     exercise("8.1").self_check(Repaired)          # the three programs on 3 ranks
 
 Example (the data is the same on every process for one seed)::
@@ -40,9 +41,9 @@ from typing import Any
 
 from helpers import DATA_COLLECTIVES
 
-from .harness import GradingFailure
-from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import first_difference, plural
+from ..kit.harness import GradingFailure
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
+from ..kit.pieces import first_difference, plural
 
 __all__ = ["EXERCISES", "exercise_8_1", "PROGRAMS", "reference"]
 
@@ -157,18 +158,6 @@ def _run_program(attempt: Attempt, program: str, worlds: tuple[int, ...] = WORLD
         _judge(attempt, program, seed, world_size, list(values))
 
 
-def _hang(attempt: Attempt) -> None:
-    _run_program(attempt, PROGRAMS["hang"])
-
-
-def _wrong_result(attempt: Attempt) -> None:
-    _run_program(attempt, PROGRAMS["wrong_result"])
-
-
-def _crash(attempt: Attempt) -> None:
-    _run_program(attempt, PROGRAMS["crash"])
-
-
 def _self_check(attempt: Attempt) -> str:
     """Each program on 3 ranks; every failure is reported, not only the first."""
     passed, failures = [], []
@@ -190,13 +179,11 @@ exercise_8_1 = Exercise(
     function="Repaired",
     title="repair three broken programs",
     parts=(
-        Part("hang", 2, "pass_right finishes on 2, 3 and 4 ranks, each rank returning its left neighbour's tensor.",
-             _hang, forbid=DATA_COLLECTIVES,
+        Part("hang", 2, "pass_right finishes on 2, 3 and 4 ranks, each rank returning its left neighbour's tensor.", forbid=DATA_COLLECTIVES,
              forbid_reason="pass_right is repaired by ordering its point-to-point calls (isend/irecv, or send and "
                            "recv in an order that pairs up), not by replacing them with a collective"),
-        Part("wrong_result", 2, "global_mean returns the mean of every rank's elements on 2, 3 and 4 ranks.",
-             _wrong_result),
-        Part("crash", 2, "gather_all returns every rank's tensor, in rank order, on 2, 3 and 4 ranks.", _crash),
+        Part("wrong_result", 2, "global_mean returns the mean of every rank's elements on 2, 3 and 4 ranks."),
+        Part("crash", 2, "gather_all returns every rank's tensor, in rank order, on 2, 3 and 4 ranks."),
     ),
     visible_check=_self_check,
     hints={

@@ -36,13 +36,10 @@ FSDP (``fully_shard``, ``FullyShardedDataParallel``) are switched off on the ran
 Hidden test cells and the visible self-check::
 
     from autograder import exercise
-    exercise("9.1").grade(ShardedOptimizer, "sgd")     # "adamw", "state", "traffic"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("9.1", ShardedOptimizer, "sgd")     # "adamw", "state", "traffic"
     exercise("9.1").self_check(ShardedOptimizer)
 
-Example (the instructor's answer passes)::
-
-    >>> from autograder.lessons.reference import ShardedOptimizer
-    >>> exercise_9_1.grade(ShardedOptimizer, "traffic")
 """
 
 from __future__ import annotations
@@ -52,8 +49,8 @@ from typing import Any
 
 from helpers import FSDP, ZERO
 
-from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import plural
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
+from ..kit.pieces import plural
 from .shardcheck import EARLY_STEPS, OPTIMIZERS, SLACK, exchange_problem, model_sizes, sharded_worker, without_gradient
 
 __all__ = ["EXERCISES", "exercise_9_1", "TOLERANCE"]
@@ -236,13 +233,13 @@ exercise_9_1 = Exercise(
     title="a sharded optimizer (ZeRO-1) from collectives",
     parts=(
         Part("sgd", 3, "ten steps of SGD with momentum equal one process with the unsharded optimizer, on 1 to 4 "
-                       "ranks, parameters without a gradient left alone.", _sgd),
+                       "ranks, parameters without a gradient left alone."),
         Part("adamw", 2, f"ten steps of AdamW equal one process within {TOLERANCE[('adamw', 'float32')]:g}, tied "
-                         "weights, a frozen layer, N not divisible by p.", _adamw),
+                         "weights, a frozen layer, N not divisible by p."),
         Part("state", 2, "each rank's optimizer holds the state of at most ceil(N/p) elements, and the ranks "
-                         "together hold it for every element that had a gradient.", _state),
+                         "together hold it for every element that had a gradient."),
         Part("traffic", 3, "each step makes one reduce-scatter-shaped and one all-gather-shaped exchange of the "
-                           "right sizes, and the all-gather carries the updated parameters.", _traffic),
+                           "right sizes, and the all-gather carries the updated parameters."),
     ),
     visible_check=_self_check,
     forbid=(ZERO, FSDP),  # every collective stays on: the exercise is built from them
@@ -250,7 +247,7 @@ exercise_9_1 = Exercise(
 )
 
 # The checks' ranks build optimizers (the notebook's, as graded, do not): their factory imports torch._dynamo
-# once, ahead (autograder.lessons.registry.warm_ranks).
+# once, ahead (autograder.kit.registry.warm_ranks).
 WARM_RANKS = ("checks",)
 
 EXERCISES = (exercise_9_1,)

@@ -1,11 +1,14 @@
 """Lesson 10's graded exercises: a tensor-parallel MLP, and pipeline schedules over send/recv.
 
 - 10.1 ``TensorParallelMLP(fc1, fc2)``: ``fc2(gelu(fc1(x)))`` over p ranks, fc1 split by output
-  features and fc2 by input features, fc2's bias whole on every rank and added once; one
-  all-reduce in forward (g) and one in backward (f), counted however they were made
-  (``dist.all_reduce``, a ``ProcessGroup`` method or a functional collective: the learner
-  places each one in their own f and g either way). Checked on 1, 2 and 4 ranks, float32 and
-  float64, against one process (:mod:`autograder.lessons.tpcheck`).
+  features and fc2 by input features (the same hidden units; block r or any other split of them
+  between the ranks), fc2's bias whole on every rank and added once; one all-reduce in forward
+  (g) and one in backward (f), counted however they were made (``dist.all_reduce``, a
+  ``ProcessGroup`` method or a functional collective: the learner places each one in their own
+  f and g either way). Checked on 1, 2 and 4 ranks, float32 and float64, against one process,
+  and probed: rank 0's output and input gradient must change when the other ranks' inputs do,
+  so a module that computes alone from whole copies earns nothing; a parameter given frozen
+  keeps no gradient (:mod:`autograder.lessons.tpcheck`).
 - 10.2 ``gpipe_step(stage, microbatches)``: every micro-batch forward through the stages, then
   every one backward, with point-to-point calls only; gradients against one process on the
   whole batch, one message per micro-batch per direction, and the bubble read exactly from a
@@ -26,39 +29,34 @@ and ``torch.distributed.pipelining`` switched off (``forbid=COLLECTIVES + (PIPEL
 Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("10.1").grade(TensorParallelMLP, "forward")   # "backward", "communication", "shards"
-    exercise("10.2").grade(gpipe_step, "gradients")        # "messages", "bubble", "no_hang"
-    exercise("10.3").grade(one_f_one_b_step, "memory")     # "gradients", "bubble"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("10.1", TensorParallelMLP, "forward")   # "backward", "communication", "shards"
+    grade("10.2", gpipe_step, "gradients")        # "messages", "bubble", "no_hang"
+    grade("10.3", one_f_one_b_step, "memory")     # "gradients", "bubble"
     exercise("10.2").self_check(gpipe_step)
 
-Example (the instructor's answers pass)::
-
-    >>> from autograder.lessons.reference import TensorParallelMLP, gpipe_step
-    >>> exercise_10_1.grade(TensorParallelMLP, "communication")
-    >>> exercise_10_2.grade(gpipe_step, "bubble")
 """
 
 from __future__ import annotations
 
 from helpers import COLLECTIVES, DTENSOR, PIPELINING
 
-from .kit import Attempt, Exercise, Part, fresh_seed
-from .pieces import by_world_size
-from .pipecheck import (judge_bubble, judge_chunk_gradients, judge_gradients, judge_interleaved_bubble, judge_memory,
-                        judge_messages, pipeline_worker)
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
+from ..kit.pieces import by_world_size
+from .pipecheck import (SPARE, judge_bubble, judge_chunk_gradients, judge_gradients, judge_interleaved_bubble,
+                        judge_memory, judge_messages, pipeline_worker)
 from .tpcheck import SIZES, judge_backward, judge_communication, judge_forward, judge_shards, mlp_worker
 
 __all__ = ["EXERCISES", "exercise_10_1", "exercise_10_2", "exercise_10_3", "exercise_10_4"]
 
 TIMEOUT = 10.0  # a correct answer takes well under a second; the rest is room for a loaded machine
-NO_HANG_TIMEOUT = 6.0
 # Exercise 10.1: (world size, dtype).
 TP_CASES = ((1, "float64"), (2, "float64"), (2, "float32"), (4, "float64"))
-# Exercises 10.2 and 10.3: (stages, micro-batches).
-GPIPE_CASES = ((2, 1), (2, 4), (3, 3), (3, 5), (4, 3))
-ONE_F_ONE_B_CASES = ((2, 4), (3, 6), (4, 8))
-# Exercise 10.4: (stages, micro-batches), two chunks per rank; m a multiple of p, as Megatron's schedule needs.
-INTERLEAVED_CASES = ((2, 4), (3, 3), (4, 8))
+#: What feedback adds when a step raises on a parameter without a gradient (a frozen bias, an unused parameter).
+NO_GRADIENT = ("If it is about None: a parameter that gets no gradient (frozen with requires_grad=False, or never used "
+               "by the stage's forward) keeps .grad None after backward, as torch leaves it. Skip such a parameter "
+               "(`if p.grad is not None`) rather than dividing, zeroing or creating its .grad.")
+PIPELINE_HINTS = {"TypeError": NO_GRADIENT, "AttributeError": NO_GRADIENT}
 CHUNKS = 2
 #: What a learner reads on calling what an exercise switches off in the checks' ranks.
 TP_REASON = ("Exercise 10.1 asks you to build tensor parallelism yourself, with the all-reduces in your own "
@@ -92,35 +90,26 @@ def _shared_run(attempt: Attempt, worker, world: int, extra: tuple, **settings) 
 
 def _tp_runs(attempt: Attempt, cases: tuple = TP_CASES, run: bool = True) -> list[tuple[int, str, list[dict]]]:
     runs = []
-    for world, dtypes in by_world_size(cases):
-        for (dtype_name,) in dtypes:
-            replies = _shared_run(attempt, mlp_worker, world, (dtype_name, run), timeout=TIMEOUT,
-                                  context=f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['out']}")
+    for world, variants in by_world_size(cases):
+        for dtype_name, *frozen in variants:
+            frozen = tuple(frozen[0]) if frozen else ()
+            context = f"{dtype_name} layers {SIZES['d']} -> {SIZES['hidden']} -> {SIZES['out']}" + (
+                f", with {' and '.join(frozen)} frozen (requires_grad=False)" if frozen else "")
+            replies = _shared_run(attempt, mlp_worker, world, (dtype_name, run, frozen), timeout=TIMEOUT,
+                                  context=context)
             runs.append((world, dtype_name, replies))
     return runs
-
-
-def _tp_part(judge):
-    def check(attempt: Attempt, cases: tuple = TP_CASES) -> None:
-        for world, dtype_name, replies in _tp_runs(attempt, cases, run=judge is not judge_shards):
-            judge(attempt, world, dtype_name, replies)
-
-    check.__name__ = f"_{judge.__name__.removeprefix('judge_')}"
-    return check
-
-
-_tp_forward, _tp_backward = _tp_part(judge_forward), _tp_part(judge_backward)
-_tp_communication, _tp_shards = _tp_part(judge_communication), _tp_part(judge_shards)
 
 
 def _tp_self_check(attempt: Attempt) -> str:
     for world, dtype_name, replies in _tp_runs(attempt, ((2, "float64"),)):
         for judge in (judge_shards, judge_forward, judge_backward, judge_communication):
             judge(attempt, world, dtype_name, replies)
-    return ("Self-check passed on 2 ranks: each rank holds its half of fc1's rows, of fc2's columns and fc2's whole "
-            "bias; the output, the input's gradient and every shard's gradient equal one process; forward made one "
-            "all-reduce of the output and backward one of the input's gradient. The hidden tests also try 1 and 4 "
-            "ranks and float32.")
+    return ("Self-check passed on 2 ranks: each rank holds half of fc1's rows and the same hidden units' columns of "
+            "fc2, and fc2's whole bias; the output, the input's gradient and every shard's gradient equal one process, and "
+            "rank 0's output and input gradient change when the other rank's input does; forward made one all-reduce "
+            "of the output and backward one of the input's gradient. The hidden tests also try 1 and 4 ranks, float32 "
+            "and frozen parameters.")
 
 
 exercise_10_1 = Exercise(
@@ -128,14 +117,14 @@ exercise_10_1 = Exercise(
     function="TensorParallelMLP",
     title="a tensor-parallel MLP from collectives",
     parts=(
-        Part("forward", 2, "every rank's output equals one process running the whole MLP, on 1, 2 and 4 ranks.",
-             _tp_forward),
-        Part("backward", 2, "the input's gradient and every shard's gradient equal the matching slice of one process's.",
-             _tp_backward),
+        Part("forward", 2, "every rank's output equals one process running the whole MLP, on 1, 2 and 4 ranks, and "
+             "changes with the other ranks' inputs (g sums every rank's share)."),
+        Part("backward", 2, "the input's gradient and every shard's gradient equal the matching part of one process's "
+             "(a frozen parameter's shard gets none), and the input's gradient sums every rank's part (f)."),
         Part("communication", 2, "exactly one all-reduce in forward, of the output (g), and one in backward, of the "
-             "input's gradient (f); none needed on 1 rank.", _tp_communication),
-        Part("shards", 1, "rank r holds block r of fc1's rows and of fc2's columns, fc2's bias whole: 1/p of each "
-             "weight.", _tp_shards),
+             "input's gradient (f); none needed on 1 rank."),
+        Part("shards", 1, "each rank holds 1/p of fc1's rows (weight and bias) and the same hidden units' columns of "
+             "fc2, the ranks' shares splitting the hidden units (block r, or any other split), fc2's bias whole."),
     ),
     visible_check=_tp_self_check,
     forbid=(DTENSOR,),  # dist.all_reduce stays on: f and g are made of it
@@ -149,26 +138,11 @@ exercise_10_1 = Exercise(
 # -- Exercises 10.2 and 10.3 -------------------------------------------------------------------
 
 
-def _pipeline(attempt: Attempt, p: int, m: int, timeout: float = TIMEOUT, chunks: int = 0) -> list[dict]:
-    return _shared_run(attempt, pipeline_worker, p, (m, chunks), timeout=timeout, trace=True,
+def _pipeline(attempt: Attempt, p: int, m: int, timeout: float = TIMEOUT, chunks: int = 0,
+              spare: bool = False) -> list[dict]:
+    return _shared_run(attempt, pipeline_worker, p, (m, chunks, spare), timeout=timeout, trace=True,
                        context=f"{m} micro-batch{'es' if m != 1 else ''} of 3 rows"
-                               + (f", {chunks} chunks per rank" if chunks else ""))
-
-
-def _pipeline_part(judge, cases: tuple, chunks: int = 0, **options):
-    def check(attempt: Attempt, cases: tuple = cases) -> None:
-        for p, m in cases:
-            judge(attempt, p, m, _pipeline(attempt, p, m, chunks=chunks), **options)
-
-    check.__name__ = f"_{judge.__name__.removeprefix('judge_')}"
-    return check
-
-
-def _gpipe_no_hang(attempt: Attempt) -> None:
-    seed = fresh_seed()
-    for p in (2, 3, 4):  # a run of its own, with its own time limit
-        attempt.run(pipeline_worker, p, (attempt.fn, seed, 8), timeout=NO_HANG_TIMEOUT, trace=True,
-                    context="8 micro-batches of 3 rows")
+                               + (f", {chunks} chunks per rank" if chunks else "") + (f", {SPARE}" if spare else ""))
 
 
 def _pipeline_self_check(name: str, cases: tuple, judges: tuple):
@@ -176,13 +150,14 @@ def _pipeline_self_check(name: str, cases: tuple, judges: tuple):
         for p, m in cases:
             replies = _pipeline(attempt, p, m)
             for judge in judges:
-                judge(attempt, p, m, replies, **({"schedule_name": name} if judge is judge_bubble else {}))
+                judge(attempt, p, m, replies, **({"schedule_name": name} if judge in (judge_bubble, judge_gradients)
+                                                  else {}))
         shown = ", ".join(f"{p} stages x {m} micro-batches" for p, m in cases)
         return (f"Self-check passed ({shown}): the gradients equal one process on the whole batch, "
                 + ("each stage sent one message per micro-batch to each neighbour, " if judge_messages in judges else
-                   "no stage held more activations than 1F1B allows, ")
+                   "each stage ran 1F1B's order and held p - s micro-batches' activations at its peak, ")
                 + f"and the logical clock gives {name}'s bubble, (p - 1) / (m + p - 1). The hidden tests try "
-                "other numbers of stages and micro-batches.")
+                "other numbers of stages and micro-batches, and stages with a frozen and an unused parameter.")
 
     return check
 
@@ -193,16 +168,17 @@ exercise_10_2 = Exercise(
     title="a GPipe schedule over send and recv",
     parts=(
         Part("gradients", 3, "every stage's gradients equal one process on the whole batch (2-4 stages, 1-5 "
-             "micro-batches).", _pipeline_part(judge_gradients, GPIPE_CASES)),
+             "micro-batches; a frozen or unused parameter keeps no gradient)."),
         Part("messages", 2, "each stage sends one message per micro-batch to each neighbour, of one micro-batch's "
-             "size, and nothing else.", _pipeline_part(judge_messages, GPIPE_CASES)),
+             "size, and nothing else."),
         Part("bubble", 3, "the logical clock's bubble is exactly (p - 1) / (m + p - 1), with every forward before any "
-             "backward on each stage.", _pipeline_part(judge_bubble, GPIPE_CASES)),
-        Part("no_hang", 1, "finishes promptly with 2, 3 and 4 stages and 8 micro-batches.", _gpipe_no_hang),
+             "backward on each stage."),
+        Part("no_hang", 1, "runs the whole step and finishes promptly with 2, 3 and 4 stages and 8 micro-batches."),
     ),
     visible_check=_pipeline_self_check("GPipe", ((3, 4),), (judge_gradients, judge_messages, judge_bubble)),
     forbid=COLLECTIVES + (PIPELINING,),
     forbid_reason=_pipeline_reason("10.2"),
+    hints=PIPELINE_HINTS,
 )
 
 exercise_10_3 = Exercise(
@@ -210,16 +186,16 @@ exercise_10_3 = Exercise(
     function="one_f_one_b_step",
     title="(optional) a 1F1B schedule",
     parts=(
-        Part("gradients", 1, "every stage's gradients equal one process on the whole batch (2-4 stages).",
-             _pipeline_part(judge_gradients, ONE_F_ONE_B_CASES)),
-        Part("memory", 1, "stage s never holds more than p - s micro-batches' activations.",
-             _pipeline_part(judge_memory, ONE_F_ONE_B_CASES)),
-        Part("bubble", 1, "the logical clock's bubble is still (p - 1) / (m + p - 1).",
-             _pipeline_part(judge_bubble, ONE_F_ONE_B_CASES, schedule_name="1F1B")),
+        Part("gradients", 1, "every stage's gradients equal one process on the whole batch (2-4 stages; a frozen or "
+             "unused parameter keeps no gradient), computed in 1F1B's order."),
+        Part("memory", 1, "stage s holds p - s micro-batches' activations at its peak, never more: the pipeline "
+             "filled, then one forward and one backward in turn."),
+        Part("bubble", 1, "the logical clock's bubble is still (p - 1) / (m + p - 1), in 1F1B's order."),
     ),
     visible_check=_pipeline_self_check("1F1B", ((3, 6),), (judge_gradients, judge_memory, judge_bubble)),
     forbid=COLLECTIVES + (PIPELINING,),
     forbid_reason=_pipeline_reason("10.3"),
+    hints=PIPELINE_HINTS,
 )
 
 def _interleaved_self_check(attempt: Attempt) -> str:
@@ -238,13 +214,13 @@ exercise_10_4 = Exercise(
     title="(optional) an interleaved schedule",
     parts=(
         Part("gradients", 1, "every chunk's gradients equal one process on the whole batch (2-4 stages, 2 chunks "
-             "each).", _pipeline_part(judge_chunk_gradients, INTERLEAVED_CASES, chunks=CHUNKS)),
-        Part("bubble", 1, "the logical clock's bubble is (p - 1) / (2m + p - 1).",
-             _pipeline_part(judge_interleaved_bubble, INTERLEAVED_CASES, chunks=CHUNKS)),
+             "each; a frozen or unused parameter keeps no gradient)."),
+        Part("bubble", 1, "the logical clock's bubble is (p - 1) / (2m + p - 1)."),
     ),
     visible_check=_interleaved_self_check,
     forbid=COLLECTIVES + (PIPELINING,),
     forbid_reason=_pipeline_reason("10.4"),
+    hints=PIPELINE_HINTS,
 )
 
 EXERCISES = (exercise_10_1, exercise_10_2, exercise_10_3, exercise_10_4)

@@ -13,30 +13,24 @@
 
 Parameters, gradients, optimizer state and traffic must match to the byte (a millionth); activations
 within 2%. Feedback names the usual mistakes (:mod:`autograder.lessons.plancheck`, and for the hidden
-parts :mod:`autograder.lessons.planhidden`, which compares with the course's planner: it reaches the
-grading sandbox sealed, see :mod:`autograder.lessons.sealed`).
+parts :mod:`autograder.hidden.planparts`, which compares with the course's planner: it reaches the
+grading sandbox sealed, see :mod:`autograder.hidden.sealed`).
 
 Hidden test cells and the visible self-checks::
 
     from autograder import exercise
-    exercise("12.1").grade(plan_memory, "small")        # "large", "recompute"
+    from autograder.hidden import grade           # the hidden tests: the instructor's copy only
+    grade("12.1", plan_memory, "small")           # "large", "recompute"
     exercise("12.1").self_check(plan_memory)
     exercise("12.3").self_check(choose_layout, plan_memory=plan_memory, plan_traffic=plan_traffic)
-
-Example (the instructor's answers pass)::
-
-    >>> from autograder.lessons.reference_plan import plan_memory
-    >>> exercise_12_1.grade(plan_memory, "large")
 """
 
 from __future__ import annotations
 
 from helpers.plan import Model, h100_cluster
 
-from .kit import Attempt, Exercise, Part, fresh_seed
+from ..kit.exercise import Attempt, Exercise, Part, fresh_seed
 from .plancheck import layout_problem, learner_worker, measured, memory_problem, traffic_problem, where
-from .planhidden import (layout_fast, layout_fits, memory_large, memory_recompute, memory_small, traffic_large,
-                         traffic_small)
 
 __all__ = ["EXERCISES", "exercise_12_1", "exercise_12_2", "exercise_12_3", "SELF_CHECK_CASES"]
 
@@ -111,11 +105,10 @@ exercise_12_1 = Exercise(
     title="plan the memory of every rank",
     parts=(
         Part("small", 3, "equal to what the course measures on 1 to 4 CPU ranks training one step, under layouts drawn "
-             "at grading time (activations within 2%, the rest to the byte).", memory_small),
+             "at grading time (activations within 2%, the rest to the byte)."),
         Part("large", 3, "equal to the course's planner for Llama-like models of 1 to 70 billion parameters on up to "
-             "2048 GPUs (every ZeRO stage, both schedules, both precisions).", memory_large),
-        Part("recompute", 2, "the activations right under no, selective and full recomputation of the same layouts.",
-             memory_recompute),
+             "2048 GPUs (every ZeRO stage, both schedules, both precisions)."),
+        Part("recompute", 2, "the activations right under no, selective and full recomputation of the same layouts."),
     ),
     visible_check=_memory_self_check,
 )
@@ -125,9 +118,8 @@ exercise_12_2 = Exercise(
     function="plan_traffic",
     title="plan the bytes every rank sends",
     parts=(
-        Part("small", 3, "equal, by collective and mesh dimension, to the trace of a real step on 1 to 4 CPU ranks.",
-             traffic_small),
-        Part("large", 3, "equal to the course's planner for Llama-like models on up to 2048 GPUs.", traffic_large),
+        Part("small", 3, "equal, by collective and mesh dimension, to the trace of a real step on 1 to 4 CPU ranks."),
+        Part("large", 3, "equal to the course's planner for Llama-like models on up to 2048 GPUs."),
     ),
     visible_check=_traffic_self_check,
 )
@@ -138,17 +130,15 @@ exercise_12_3 = Exercise(
     title="choose a layout",
     parts=(
         Part("fits", 2, "a layout of every GPU that trains the model's batch and fits every rank's memory by the "
-             "course's planner, for models and clusters drawn at grading time.", layout_fits),
+             "course's planner, for models and clusters drawn at grading time."),
         Part("fast", 3, "its predicted step, by the course's cost model, within 10% of the best layout the course's "
-             "search finds.", layout_fast),
+             "search finds."),
     ),
     visible_check=_layout_self_check,
 )
 
 # The measured runs build optimizers on their ranks, in the notebook and in the checks: their factory imports
-# torch._dynamo once, ahead (autograder.lessons.registry.warm_ranks).
+# torch._dynamo once, ahead (autograder.kit.registry.warm_ranks).
 WARM_RANKS = ("kernel", "checks")
-# What the hidden checks compare with: handed to the sandboxed re-grade sealed (autograder.lessons.sealed).
-SEALED = ("reference_plan",)
 
 EXERCISES = (exercise_12_1, exercise_12_2, exercise_12_3)

@@ -1,4 +1,4 @@
-"""Checks of hand-built pipeline schedules (lesson 10, Exercises 10.2 and 10.3): the run, and the judging.
+"""Checks of hand-built pipeline schedules (lesson 10, Exercises 10.2-10.4): the run, and the judging.
 
 The learner's ``gpipe_step(stage, microbatches)`` (or ``one_f_one_b_step``) runs on every rank
 with a course-made :class:`helpers.pipeline.Stage`: rank s holds layer s of a chain of
@@ -15,7 +15,13 @@ with a course-made :class:`helpers.pipeline.Stage`: rank s holds layer s of a ch
 - :func:`judge_gradients`, :func:`judge_messages`, :func:`judge_bubble`, :func:`judge_memory`:
   the feedback. The bubble is read from :class:`helpers.schedule.Schedule`, the records
   replayed on a logical clock (a forward 1 unit, a backward 2, a message none), so it is
-  exact and does not depend on how busy the machine was.
+  exact and does not depend on how busy the machine was. 1F1B (Exercise 10.3) is the only
+  order with GPipe's bubble that holds at most p - s micro-batches on stage s
+  (:func:`one_f_one_b_order`), so its gradients and bubble are judged with that order and its
+  memory with exactly p - s at the peak.
+
+A case may give every stage a frozen bias and a parameter its forward never uses (:data:`SPARE`):
+torch's autograd leaves their ``.grad`` None, and so must the learner's step.
 
 The exercises and parts are declared in :mod:`autograder.lessons.lesson10`; this module ships
 to learners with it (the self-checks use it).
@@ -31,21 +37,55 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .kit import Attempt
-from .pieces import plural
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural
 
 __all__ = ["WIDTH", "ROWS", "pipeline_worker", "judge_gradients", "judge_messages", "judge_bubble", "judge_memory",
-           "judge_chunk_gradients", "judge_interleaved_bubble", "TOLERANCE"]
+           "judge_chunk_gradients", "judge_interleaved_bubble", "judge_finished", "one_f_one_b_order", "TOLERANCE",
+           "SPARE"]
 
 WIDTH, ROWS = 6, 3  # each layer is Linear(6, 6); each micro-batch has 3 rows
 TOLERANCE = 1e-5  # float32: one process and the pipeline add the micro-batches in other orders
 
 
-def _model(seed: int, stages: int):
+#: A stage's parameters in the order its gradients are compared: the layer's, then (in the cases with spare
+#: parameters) the one its forward never uses.
+PARAMETERS = ("weight", "bias", "spare")
+#: What the cases with spare parameters say of them, as feedback words it.
+SPARE = ("each stage's layer with its bias frozen (requires_grad=False) and a parameter, spare, that its forward "
+         "never uses")
+
+
+def _model(seed: int, stages: int, spare: bool = False):
+    """The chain's layers for ``seed``; with ``spare`` every layer's bias is frozen (``requires_grad=False``)."""
     import torch
 
     torch.manual_seed(seed)
-    return [torch.nn.Linear(WIDTH, WIDTH) for _ in range(stages)]
+    layers = [torch.nn.Linear(WIDTH, WIDTH) for _ in range(stages)]
+    for layer in layers:
+        layer.bias.requires_grad_(not spare)
+    return layers
+
+
+def _stage_module(layer, last: bool, spare: bool):
+    """What a stage runs: the layer (tanh after it but on the last stage); with ``spare``, a module that also
+    holds a parameter its forward never uses, as models with frozen or unused parts do."""
+    import torch
+
+    body = layer if last else torch.nn.Sequential(layer, torch.nn.Tanh())
+    if not spare:
+        return body
+
+    class WithSpare(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = body
+            self.spare = torch.nn.Parameter(torch.zeros(WIDTH))
+
+        def forward(self, x):
+            return self.body(x)
+
+    return WithSpare()
 
 
 def _microbatches(seed: int, m: int) -> list:
@@ -55,8 +95,9 @@ def _microbatches(seed: int, m: int) -> list:
     return [(torch.randn(ROWS, WIDTH, generator=g), torch.randn(ROWS, WIDTH, generator=g)) for _ in range(m)]
 
 
-def _reference(layers: list, microbatches: list) -> list[list]:
-    """One process, the whole batch: the mean squared error's gradients of every layer."""
+def _reference(layers: list, microbatches: list, spare: bool = False) -> list[list]:
+    """One process, the whole batch: the mean squared error's gradients of every layer (None where torch leaves
+    none: a frozen bias, an unused spare)."""
     import torch
     import torch.nn.functional as F
 
@@ -66,29 +107,34 @@ def _reference(layers: list, microbatches: list) -> list[list]:
     for i, layer in enumerate(layers):
         h = layer(h) if i == len(layers) - 1 else torch.tanh(layer(h))
     F.mse_loss(h, target).backward()
-    return [[p.grad.clone() for p in layer.parameters()] for layer in layers]
+    return [[None if p.grad is None else p.grad.clone() for p in layer.parameters()] + ([None] if spare else [])
+            for layer in layers]
 
 
-def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int, chunks: int = 0) -> dict[str, Any]:
+def pipeline_worker(rank: int, world_size: int, fn: Callable, seed: int, m: int, chunks: int = 0,
+                    spare: bool = False) -> dict[str, Any]:
     """The learner's schedule on this rank's stage; its record, gradients and the reference.
 
     With ``chunks`` (Exercise 10.4) the model has ``chunks * p`` layers and the rank holds
     ``chunks`` of them, chunk c being layer ``c * p + rank``: ``fn(stages, microbatches)`` gets
     the list of this rank's chunks. ``"grads"`` and ``"reference"`` then hold one entry per chunk.
+    With ``spare`` every layer's bias is frozen and every stage holds one more parameter that its
+    forward never uses (:data:`SPARE`): their gradients must stay None, as torch leaves them.
     """
-    import torch
-
     from helpers.pipeline import Stage
 
     pieces = world_size * max(chunks, 1)
-    layers = _model(seed, pieces)
+    layers = _model(seed, pieces, spare)
     mine = [c * world_size + rank for c in range(max(chunks, 1))]
-    stages = [Stage(layers[k] if k == pieces - 1 else torch.nn.Sequential(layers[k], torch.nn.Tanh()),
-                    (ROWS, WIDTH), (ROWS, WIDTH), chunk=c, num_chunks=max(chunks, 1)) for c, k in enumerate(mine)]
+    modules = [_stage_module(layers[k], k == pieces - 1, spare) for k in mine]
+    stages = [Stage(module, (ROWS, WIDTH), (ROWS, WIDTH), chunk=c, num_chunks=max(chunks, 1))
+              for c, module in enumerate(modules)]
     microbatches = _microbatches(seed, m)
     fn(stages if chunks else stages[0], [(x.clone(), t.clone()) for x, t in microbatches])
-    reference = _reference(_model(seed, pieces), microbatches)
-    grads = [[None if p.grad is None else p.grad.detach().clone() for p in layers[k].parameters()] for k in mine]
+    reference = _reference(_model(seed, pieces, spare), microbatches, spare)
+    grads = [[None if p.grad is None else p.grad.detach().clone()
+              for p in list(layers[k].parameters()) + ([module.spare] if spare else [])]
+             for k, module in zip(mine, modules)]
     return {
         "record": Stage.record_all(stages),
         "grads": grads if chunks else grads[0],
@@ -100,7 +146,8 @@ def _where(p: int, m: int) -> str:
     return f"with {plural(p, 'stage')} and {plural(m, 'micro-batch', 'micro-batches')}"
 
 
-def _unfinished(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
+def judge_finished(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
+    """Every stage ran each micro-batch forward once and backward once."""
     for rank, reply in enumerate(replies):
         record = reply["record"]
         ran = {kind: sorted(mb for k, mb, *_ in record["steps"] if k == kind) for kind in ("forward", "backward")}
@@ -110,11 +157,14 @@ def _unfinished(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
                              f"each of the {m} micro-batches forward once and backward once per step.")
 
 
-def judge_gradients(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
-    """Every stage's layer ends with the gradient one process computes on the whole batch."""
-    _unfinished(attempt, p, m, replies)
+def judge_gradients(attempt: Attempt, p: int, m: int, replies: list[dict], schedule_name: str = "GPipe") -> None:
+    """Every stage's layer ends with the gradient one process computes on the whole batch; for 1F1B
+    (Exercise 10.3), computed in 1F1B's order."""
+    judge_finished(attempt, p, m, replies)
     for rank, reply in enumerate(replies):
         _judge_layer(attempt, p, m, f"stage {rank}'s layer", reply["grads"], reply["reference"])
+    if schedule_name == "1F1B":
+        _one_f_one_b(attempt, p, m, replies)
 
 
 def judge_chunk_gradients(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
@@ -133,7 +183,17 @@ def judge_chunk_gradients(attempt: Attempt, p: int, m: int, replies: list[dict])
 def _judge_layer(attempt: Attempt, p: int, m: int, what: str, grads: list, reference: list) -> None:
     import torch
 
-    for name, got, want in zip(("weight", "bias"), grads, reference):
+    for name, got, want in zip(PARAMETERS, grads, reference):
+        if want is None:
+            if got is not None:
+                why = ("was given frozen (requires_grad=False)" if name == "bias" else
+                       "is a parameter of the stage that its forward never uses")
+                attempt.fail(f"{_where(p, m)}: {what} {name} {why}, yet after your step its .grad is a tensor "
+                             f"({got.reshape(-1)[:4].tolist()}...). torch's autograd leaves the .grad of a parameter "
+                             "that gets no gradient None, and an optimizer then leaves the parameter alone; one that "
+                             "finds zeros there still moves it (weight decay, momentum). Touch only the gradients "
+                             "that exist: `if p.grad is not None`.")
+            continue
         if got is not None and torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE):
             continue
         hint = ""
@@ -204,6 +264,8 @@ def judge_bubble(attempt: Attempt, p: int, m: int, replies: list[dict], schedule
     if run.bubble == want:
         if schedule_name == "GPipe":
             _gpipe_order(attempt, p, m, replies, run)
+        elif schedule_name == "1F1B":
+            _one_f_one_b(attempt, p, m, replies)
         return
     first = run.for_rank(0)
     late = [s for i, s in enumerate(s for s in first if s.kind == "forward") if s.start != i]
@@ -242,14 +304,61 @@ def _gpipe_order(attempt: Attempt, p: int, m: int, replies: list[dict], run: Any
 
 
 def judge_memory(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
-    """Stage s never holds more than p - s micro-batches' activations (1F1B)."""
+    """Stage s holds at most p - s micro-batches' activations, and that many at its peak (1F1B fills the pipeline)."""
     from helpers.schedule import Schedule
 
     run = Schedule([reply["record"] for reply in replies])
     for rank in range(p):
-        peak = run.peak_held(rank)
-        if peak > p - rank:
+        peak, most = run.peak_held(rank), min(p - rank, m)
+        if peak > most:
             attempt.fail(f"{_where(p, m)}, stage {rank} held {plural(peak, 'micro-batch', 'micro-batches')}' "
                          f"activations at once; in 1F1B stage s holds at most p - s = {p - rank}: after "
                          f"{p - rank - 1} warm-up forwards it runs one forward, then one backward, in turn.\n"
                          f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
+        if peak < most:
+            held = "1 micro-batch's" if peak == 1 else f"{peak} micro-batches'"
+            attempt.fail(f"{_where(p, m)}, stage {rank} never held more than {held} activations at once; 1F1B first "
+                         f"fills the pipeline with p - s - 1 = {plural(p - rank - 1, 'warm-up forward')}, so stage s "
+                         f"holds p - s = {most} at its "
+                         "peak. Holding fewer means the stage waited for a gradient before the pipeline was full: "
+                         "that is not 1F1B, and it lengthens the step.\n"
+                         f"Your steps on the clock (F = forward, B = backward, . = idle):\n{run.lanes()}")
+
+
+def one_f_one_b_order(p: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """1F1B's order on ``stage`` of ``p``: p - s - 1 warm-up forwards, then one forward and one backward in
+    turn, then the remaining backwards (the only order with 1F1B's bubble that holds at most p - s at once).
+
+    >>> " ".join(f"{kind[0].upper()}{i}" for kind, i in one_f_one_b_order(3, 0, 4))
+    'F0 F1 F2 B0 F3 B1 B2 B3'
+    """
+    warmup = min(p - stage - 1, m)
+    steady = [step for i in range(m - warmup) for step in (("forward", warmup + i), ("backward", i))]
+    return ([("forward", i) for i in range(warmup)] + steady + [("backward", i) for i in range(m - warmup, m)])
+
+
+def _one_f_one_b(attempt: Attempt, p: int, m: int, replies: list[dict]) -> None:
+    """Exercise 10.3: every stage ran its micro-batches in 1F1B's order; else say which order it was."""
+    from helpers.schedule import Schedule
+
+    def letters(steps: list) -> str:
+        return " ".join(f"{'F' if kind == 'forward' else 'B'}{i}" for kind, i in steps)
+
+    for rank, reply in enumerate(replies):
+        ran = [(kind, mb) for kind, mb, *_ in reply["record"]["steps"]]
+        want = one_f_one_b_order(p, rank, m)
+        if ran == want:
+            continue
+        forwards = [i for i, (kind, _) in enumerate(ran) if kind == "forward"]
+        hint = ""
+        if forwards == list(range(m)) and m > 1:
+            hint = (" Every forward before any backward is GPipe's order (Exercise 10.2): it keeps all m "
+                    "micro-batches' activations.")
+        elif ran == [step for i in range(m) for step in (("forward", i), ("backward", i))] and rank < p - 1:
+            hint = (" Each micro-batch went forward and backward before the next one went forward: the pipeline "
+                    "never fills, and the ranks wait for each other in turn.")
+        attempt.fail(f"{_where(p, m)}, stage {rank} ran {letters(ran)}; 1F1B runs {letters(want)} there: "
+                     f"p - s - 1 = {plural(min(p - rank - 1, m), 'warm-up forward')}, then one forward and one "
+                     f"backward in turn, then the remaining backwards.{hint}\n"
+                     "Your steps on the clock (F = forward, B = backward, . = idle):\n"
+                     f"{Schedule([r['record'] for r in replies]).lanes()}")

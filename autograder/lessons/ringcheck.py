@@ -20,8 +20,8 @@ import math
 import operator
 from typing import Any, Callable
 
-from .kit import Attempt, fresh_seed
-from .pieces import HALF_FINISHED, first_difference, plural, read_before_wait, recorded, seeded_tensor
+from ..kit.exercise import Attempt, fresh_seed
+from ..kit.pieces import HALF_FINISHED, first_difference, plural, read_before_wait, recorded, seeded_tensor
 
 __all__ = ["chunk_bounds", "schedule_worker", "judge_schedule", "reduce_scatter_worker", "all_gather_worker",
            "all_reduce_worker", "judge_rows", "traced", "ring_traffic", "INTS", "PLACEHOLDER", "TIMEOUT_TRAFFIC",

@@ -3,173 +3,45 @@
 The learner's ``TensorParallelMLP(fc1, fc2)`` gets the two full layers of
 ``y = fc2(gelu(fc1(x)))`` (the same on every rank) and keeps 1/p of each weight: fc1 split
 by output features (the rows of ``fc1.weight``), fc2 by input features (its columns), fc2's
-bias whole on every rank, added once after the sum. Its forward makes one all-reduce (g), its
-backward one more (f, for the input's gradient). Every all-reduce the ranks' trace sees counts,
+bias whole on every rank, added once after the sum. Which hidden units a rank keeps is its
+choice (the lesson's block r, or a strided split r, r + p, ...): the ranks' shares must split
+the hidden units between them, and each rank keep the same units of fc1's rows, fc1's bias
+and fc2's columns. Its forward makes one all-reduce (g), its backward one more (f, for the
+input's gradient). A parameter given frozen (``requires_grad=False``) stays frozen in the
+shards: torch leaves its ``.grad`` None. Every all-reduce the ranks' trace sees counts,
 however it was made: ``dist.all_reduce``, a ``ProcessGroup``'s ``allreduce`` or a functional
 collective; the exercise switches DTensor off (``forbid=DTENSOR``, in
 :mod:`autograder.lessons.lesson10`), so the learner places both all-reduces themselves.
 
-- :func:`mlp_worker` (on the ranks): builds the layers and data for a seed drawn at grading
-  time, the learner's module, one forward and backward; it returns the output, the
-  gradients, what each parameter holds (which slice of which full weight, see
-  :func:`identify`), the calls made in forward and in backward, and on rank 0 the
-  one-process reference;
+- :func:`autograder.lessons.tpdata.mlp_worker` (on the ranks, beside the layers, the data and
+  one process's answer): the learner's module built, run forward and backward and probed
+  (every rank but rank 0 on another input: a tensor-parallel rank 0 sees its output change);
 - :func:`judge_forward`, :func:`judge_backward`, :func:`judge_communication`,
   :func:`judge_shards`: feedback that names the mistake with the values.
 
 The exercise and its parts are declared in :mod:`autograder.lessons.lesson10`; this module
 ships to learners with it (the self-check uses it).
 
-Example (the slices a parameter can hold, named the way feedback names them)::
+Example (what one rank's parameters take on 2 ranks: half of each weight and of fc1's bias, fc2's bias whole)::
 
-    >>> import torch
-    >>> full = {"fc1.weight": torch.arange(12.).reshape(4, 3)}
-    >>> identify(torch.arange(12.).reshape(4, 3)[2:4], full, 2)
-    ('fc1.weight', 'rows', 1)
+    >>> shard_bytes(2, "float64")
+    1328
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from .kit import Attempt
-from .pieces import plural
+from ..kit.exercise import Attempt
+from ..kit.pieces import plural
+from .tpdata import ITEM, SIZES, TOLERANCE, describe, identify, mlp_worker, select
 
 __all__ = ["SIZES", "mlp_worker", "identify", "describe", "judge_forward", "judge_backward", "judge_communication",
-           "judge_shards", "TOLERANCE"]
-
-#: The graded MLP: fc1 = Linear(d, hidden), fc2 = Linear(hidden, out), a batch of ``rows``. Every width
-#: divides by 1, 2 and 4 (every split is even, the right one and a wrong one alike); out differs from d,
-#: so the output (g's all-reduce, forward) and the input's gradient (f's, backward) differ in size, and
-#: the trace tells which tensor each one summed.
-SIZES = {"d": 8, "hidden": 12, "out": 16, "rows": 5}
-TOLERANCE = {"float32": 1e-5, "float64": 1e-10}
-ITEM = {"float32": 4, "float64": 8}
+           "judge_shards", "TOLERANCE", "shard_bytes"]
 
 
-def _layers(seed: int, dtype_name: str):
-    import torch
-
-    torch.manual_seed(seed)
-    d, hidden = SIZES["d"], SIZES["hidden"]
-    fc1, fc2 = torch.nn.Linear(d, hidden), torch.nn.Linear(hidden, SIZES["out"])
-    dtype = getattr(torch, dtype_name)
-    return fc1.to(dtype), fc2.to(dtype)
-
-
-def _data(seed: int, dtype_name: str):
-    """The input and the loss's weights (loss = sum(y * w)), the same on every rank."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 1)
-    dtype = getattr(torch, dtype_name)
-    x = torch.randn((SIZES["rows"], SIZES["d"]), generator=g).to(dtype)
-    return x, torch.randn((SIZES["rows"], SIZES["out"]), generator=g).to(dtype)
-
-
-def _reference(fc1, fc2, x, w, world_size: int) -> dict[str, Any]:
-    """One process: output, gradients, and each rank's own share of the output (what a missing g leaves)."""
-    import torch
-    import torch.nn.functional as F
-
-    x = x.clone().requires_grad_(True)
-    h = F.gelu(fc1(x))
-    y = fc2(h)
-    (y * w).sum().backward()
-    width = fc1.out_features // world_size
-    with torch.no_grad():
-        parts = [F.linear(h[:, r * width:(r + 1) * width], fc2.weight[:, r * width:(r + 1) * width])
-                 for r in range(world_size)]
-    return {"y": y.detach(), "x_grad": x.grad, "partial": [p + fc2.bias.detach() for p in parts],
-            "bias": fc2.bias.detach().clone(),
-            "grads": {"fc1.weight": fc1.weight.grad, "fc1.bias": fc1.bias.grad, "fc2.weight": fc2.weight.grad,
-                      "fc2.bias": fc2.bias.grad}}
-
-
-def identify(tensor, full: dict[str, Any], world_size: int) -> tuple[str, str, int] | None:
-    """Which slice of which full tensor ``tensor`` holds: ``(name, "rows"|"columns"|"whole", block)``, or None.
-
-    A block is one of ``world_size`` equal pieces along that dimension; a transposed copy
-    counts as the slice it transposes.
-    """
-    import torch
-
-    for candidate in (tensor, tensor.t() if tensor.dim() == 2 else tensor):
-        for name, value in full.items():
-            if candidate.shape == value.shape and torch.equal(candidate, value):
-                return (name, "whole", 0)
-            for dim, how in ((0, "rows"), (1, "columns")):
-                if dim >= value.dim() or value.shape[dim] % world_size:
-                    continue
-                for block, piece in enumerate(value.chunk(world_size, dim=dim)):
-                    if candidate.shape == piece.shape and torch.equal(candidate, piece):
-                        return (name, how if value.dim() == 2 else "pieces", block)
-    return None
-
-
-def describe(where: tuple[str, str, int] | None, world_size: int, full_shapes: dict[str, tuple]) -> str:
-    """``fc1.weight[4:8, :]`` for ``("fc1.weight", "rows", 1)``."""
-    if where is None:
-        return "none of fc1's or fc2's weights or biases"
-    name, how, block = where
-    if how == "whole":
-        return f"all of {name}"
-    size = full_shapes[name][0 if how in ("rows", "pieces") else 1] // world_size
-    cut = f"{block * size}:{(block + 1) * size}"
-    return f"{name}[{cut}]" if how == "pieces" else f"{name}[{cut}, :]" if how == "rows" else f"{name}[:, {cut}]"
-
-
-def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name: str,
-               run: bool = True) -> dict[str, Any]:
-    """The learner's module on this rank: one forward and one backward, with the calls of each.
-
-    With ``run=False`` only the module is built (what the shards part looks at): a module
-    that splits the wrong dimension then gets feedback on its shards, not a shape error.
-    A forward that returns no tensor of the output's shape (rows x out) gets no backward.
-    """
-    import torch
-
-    from helpers._runtime.instrument import current
-
-    fc1, fc2 = _layers(seed, dtype_name)
-    full = {name: t.detach() for name, t in (("fc1.weight", fc1.weight), ("fc1.bias", fc1.bias),
-                                             ("fc2.weight", fc2.weight), ("fc2.bias", fc2.bias))}
-    x, w = _data(seed, dtype_name)
-    x.requires_grad_(True)
-    inst = current()
-    tracing = inst.tracing if inst is not None else False
-    model = cls(fc1, fc2)
-    params = dict(model.named_parameters())
-    dtensors = [name for name, p in params.items() if type(p).__name__ == "DTensor" or
-                type(getattr(p, "data", None)).__name__ == "DTensor"]
-    y, forward_calls, backward_calls, forward_ok = None, [], [], False
-    if run and inst is not None:
-        inst.tracing = True  # this rank's calls as events, read back after each phase
-        inst.take_events()
-    if run:
-        y = model(x)
-        forward_calls = _calls(inst)
-    forward_ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(w.shape) and y.requires_grad
-    if forward_ok:
-        (y * w).sum().backward()
-        backward_calls = _calls(inst)
-    if inst is not None:
-        inst.tracing = tracing
-    shards = {name: {"where": identify(p.detach(), full, world_size), "shape": tuple(p.shape), "nbytes":
-                     p.numel() * p.element_size(), "grad": None if p.grad is None else p.grad.detach().clone()}
-              for name, p in params.items()}
-    return {
-        "y": y.detach().clone() if isinstance(y, torch.Tensor) else y, "x_grad": x.grad, "shards": shards,
-        "dtensors": dtensors, "forward": forward_calls, "forward_ok": run and forward_ok, "backward": backward_calls,
-        "full_shapes": {name: tuple(t.shape) for name, t in full.items()},
-        "reference": _reference(fc1, fc2, x.detach(), w, world_size) if rank == 0 else None,
-    }
-
-
-def _calls(inst: Any) -> list[tuple[str, int | None, str | None]]:
-    """The calls this rank made since the last look: ``(op, bytes, via)``, ``via`` saying how a
-    collective was made (None: a ``torch.distributed`` function)."""
-    return [(e.op, e.nbytes, e.via) for e in inst.take_events()] if inst is not None else []
+def shard_bytes(world_size: int, dtype_name: str) -> int:
+    """One rank's parameters in bytes: 1/p of each weight and of fc1's bias, plus fc2's whole bias."""
+    d, hidden, out = SIZES["d"], SIZES["hidden"], SIZES["out"]
+    return ((d * hidden + hidden + hidden * out) // world_size + out) * ITEM[dtype_name]
 
 
 def _where(world_size: int, dtype_name: str) -> str:
@@ -206,7 +78,7 @@ def judge_forward(attempt: Attempt, world_size: int, dtype_name: str, replies: l
         if _close(y, ref["y"], dtype_name):
             continue
         hint = ""
-        if world_size > 1 and _close(y, ref["partial"][rank], dtype_name):
+        if world_size > 1 and _close(y, _own_share(ref, reply), dtype_name):
             hint = (" It equals this rank's own share, fc2's slice applied to its slice of the hidden layer: the "
                     "outputs are partial sums. All-reduce fc2's output over the ranks (g) before using it.")
         elif world_size > 1 and _close(y - ref["y"], ((world_size - 1) * ref["bias"]).expand_as(y), dtype_name):
@@ -218,6 +90,32 @@ def judge_forward(attempt: Attempt, world_size: int, dtype_name: str, replies: l
                     "there; it is fc2's output that must be all-reduced.")
         attempt.fail(f"{where}: rank {rank}'s output differs from one process running the whole MLP.\n"
                      f"  expected {ref['y'].reshape(-1)[:4].tolist()}\n  actual   {y.reshape(-1)[:4].tolist()}" + hint)
+    probe = replies[0]["probe"]
+    if world_size > 1 and probe is not None and _close(probe["y"], replies[0]["y"], dtype_name):
+        attempt.fail(f"{where}: rank 0's output stayed the same when every other rank ran forward on another input: "
+                     "rank 0 computed it alone, with nothing from the other ranks (from whole copies of the weights?). "
+                     "In tensor parallelism each rank computes with its own share of the weights only, and g sums the "
+                     "ranks' partial outputs, so every rank's output depends on every rank's input.")
+
+
+def _units(reply: dict) -> tuple[int, ...] | None:
+    """The hidden units a rank computes with: the rows of fc1.weight (or the columns of fc2.weight) it holds."""
+    found = {shard["where"][0]: shard["where"] for shard in reply["shards"].values() if shard["where"]}
+    for name in ("fc1.weight", "fc2.weight"):
+        if name in found and found[name][1] in ("rows", "columns") and found[name][1] != "whole":
+            return found[name][2]
+    return None
+
+
+def _own_share(ref: dict, reply: dict):
+    """This rank's partial output, fc2's columns applied to its hidden units, plus fc2's bias: what a missing g
+    leaves."""
+    import torch.nn.functional as F
+
+    units = _units(reply)
+    if units is None:
+        return None
+    return F.linear(ref["h"][:, list(units)], ref["w2"][:, list(units)]) + ref["bias"]
 
 
 def judge_backward(attempt: Attempt, world_size: int, dtype_name: str, replies: list[dict]) -> None:
@@ -249,32 +147,43 @@ def judge_backward(attempt: Attempt, world_size: int, dtype_name: str, replies: 
                          f"  expected {ref['x_grad'].reshape(-1)[:4].tolist()}\n"
                          f"  actual   {None if got is None else got.reshape(-1)[:4].tolist()}" + hint)
         for name, shard in reply["shards"].items():
-            where_slice = shard["where"]
-            if where_slice is None:
-                attempt.fail(f"{where}: rank {rank}'s parameter {name} (shape {shard['shape']}) holds "
-                             "none of fc1's or fc2's weights or biases, or a slice of them, so its gradient cannot "
-                             "be compared. Copy each shard from the full layers you are given.")
-            full_name, how, block = where_slice
-            want = _slice(ref["grads"][full_name], how, block, world_size)
-            got = shard["grad"]
-            if got is not None and got.shape != want.shape:
-                got = got.t()
-            if not _close(got, want, dtype_name):
-                label = describe(where_slice, world_size, reply["full_shapes"])
-                extra = ""
-                if got is not None and world_size > 1 and want.norm() > 0 and abs(
-                        float(got.double().norm() / want.double().norm()) - world_size) < 1e-3:
-                    extra = (f" It is {world_size} times too large: g's backward must pass the gradient through "
-                             "unchanged.")
-                attempt.fail(f"{where}: the gradient of rank {rank}'s {name}, which holds {label}, differs from "
-                             f"that slice of one process's gradient.\n  expected {want.reshape(-1)[:4].tolist()}\n"
-                             f"  actual   {None if got is None else got.reshape(-1)[:4].tolist()}" + extra)
+            _judge_shard_grad(attempt, where, rank, name, shard, ref, world_size, dtype_name)
+    probe = replies[0]["probe"]
+    if world_size > 1 and probe is not None and _close(probe["x_grad"], replies[0]["x_grad"], dtype_name):
+        attempt.fail(f"{where}: rank 0's input gradient stayed the same when every other rank ran forward and backward "
+                     "on another input and output gradient: rank 0 computed it alone. Each rank's fc1 block gives only "
+                     "its part of the input's gradient; f's backward sums the parts over the ranks.")
 
 
-def _slice(value, how: str, block: int, world_size: int):
-    if how == "whole":
-        return value
-    return value.chunk(world_size, dim=1 if how == "columns" else 0)[block]
+def _judge_shard_grad(attempt: Attempt, where: str, rank: int, name: str, shard: dict, ref: dict, world_size: int,
+                      dtype_name: str) -> None:
+    """One parameter's gradient against the part of one process's gradient it holds (None where torch leaves none)."""
+    found = shard["where"]
+    if found is None:
+        attempt.fail(f"{where}: rank {rank}'s parameter {name} (shape {shard['shape']}) holds "
+                     "none of fc1's or fc2's weights or biases, or rows or columns of them, so its gradient cannot "
+                     "be compared. Copy each shard from the full layers you are given.")
+    full_name, how, indices = found
+    label, got = describe(found), shard["grad"]
+    want = select(ref["grads"][full_name], how, indices)
+    if want is None:
+        if got is not None:
+            attempt.fail(f"{where}: rank {rank}'s {name}, which holds {label}, has a gradient after backward, but "
+                         f"{full_name} was given frozen (requires_grad=False), and torch leaves a frozen parameter's "
+                         ".grad None (an optimizer then leaves it alone). Keep the flag when you copy the shard: "
+                         f"nn.Parameter(..., requires_grad={full_name}.requires_grad).")
+        return
+    if got is not None and got.shape != want.shape:
+        got = got.t()
+    if _close(got, want, dtype_name):
+        return
+    extra = ""
+    if got is not None and world_size > 1 and want.norm() > 0 and abs(
+            float(got.double().norm() / want.double().norm()) - world_size) < 1e-3:
+        extra = f" It is {world_size} times too large: g's backward must pass the gradient through unchanged."
+    attempt.fail(f"{where}: the gradient of rank {rank}'s {name}, which holds {label}, differs from "
+                 f"that part of one process's gradient.\n  expected {want.reshape(-1)[:4].tolist()}\n"
+                 f"  actual   {None if got is None else got.reshape(-1)[:4].tolist()}" + extra)
 
 
 #: How a collective was made, by its trace event's ``via``, as feedback words it.
@@ -329,26 +238,26 @@ def judge_communication(attempt: Attempt, world_size: int, dtype_name: str, repl
 
 
 def judge_shards(attempt: Attempt, world_size: int, dtype_name: str, replies: list[dict]) -> None:
-    """Rank r holds rows block r of fc1 (weight and bias), columns block r of fc2's weight, and fc2's bias whole."""
+    """Each rank holds rows of fc1 (weight and bias) and the same hidden units' columns of fc2's weight, 1/p of
+    the hidden units, the ranks' shares splitting them (block r, strided, any split); fc2's bias whole."""
     where = _where(world_size, dtype_name)
     _no_dtensor(attempt, replies, where)
     expected = {"fc1.weight": "rows", "fc1.bias": "pieces", "fc2.weight": "columns", "fc2.bias": "whole"}
-    d, hidden, out = SIZES["d"], SIZES["hidden"], SIZES["out"]
-    want_bytes = ((d * hidden + hidden + hidden * out) // world_size + out) * ITEM[dtype_name]
+    hidden, want_bytes = SIZES["hidden"], shard_bytes(world_size, dtype_name)
+    owner: dict[int, int] = {}  # hidden unit -> the rank that holds it
     for rank, reply in enumerate(replies):
-        shapes = reply["full_shapes"]
         held: dict[str, tuple] = {}
         for name, shard in reply["shards"].items():
             found = shard["where"]
             if found is None:
                 attempt.fail(f"{where}: rank {rank}'s parameter {name} (shape {shard['shape']}) holds none of fc1's "
-                             "or fc2's weights or biases, or an equal slice of them.")
-            full_name, how, block = found
+                             "or fc2's weights or biases, or rows or columns of them.")
+            full_name, how, indices = found
             if full_name in held:
                 attempt.fail(f"{where}: rank {rank} keeps {full_name} twice ({held[full_name][0]} and {name}); keep "
                              "one shard of each weight.")
-            held[full_name] = (name, how, block)
-            label = describe(found, world_size, shapes)
+            held[full_name] = (name, how, indices)
+            label = describe(found)
             if world_size > 1 and how != expected[full_name] and not (how == "whole" and expected[full_name] != "whole"):
                 rule = {"rows": "its output features, the rows of nn.Linear's weight (out_features, in_features)",
                         "columns": "its input features, the columns of nn.Linear's weight",
@@ -356,16 +265,35 @@ def judge_shards(attempt: Attempt, world_size: int, dtype_name: str, replies: li
                 attempt.fail(f"{where}: rank {rank}'s {name} holds {label}: that splits {full_name} along the wrong "
                              f"dimension. Split {full_name} by {rule[expected[full_name]]}.")
             if world_size > 1 and how == "whole" and expected[full_name] != "whole":
-                attempt.fail(f"{where}: rank {rank}'s {name} holds {label}, unsplit: each rank should keep 1/{world_size} "
-                             f"of it ({describe((full_name, expected[full_name], rank), world_size, shapes)}).")
-            if how != "whole" and block != rank:
-                attempt.fail(f"{where}: rank {rank}'s {name} holds {label}, rank {block}'s block: rank r keeps block r "
-                             f"({describe((full_name, how, rank), world_size, shapes)}).")
+                attempt.fail(f"{where}: rank {rank}'s {name} holds {label}, unsplit: each rank should keep "
+                             f"1/{world_size} of it, {hidden // world_size} of the {hidden} hidden units.")
         missing = [name for name in expected if name not in held]
         if missing:
             attempt.fail(f"{where}: rank {rank} keeps no parameter holding {', '.join(missing)}: keep each shard as a "
                          "torch.nn.Parameter of the module (module.named_parameters() lists them).")
+        if world_size > 1:
+            _judge_units(attempt, where, rank, held, owner, world_size)
         total = sum(shard["nbytes"] for shard in reply["shards"].values())
         if total != want_bytes:
             attempt.fail(f"{where}: rank {rank}'s parameters take {total} bytes; 1/{world_size} of each weight and of "
                          f"fc1's bias, plus fc2's whole bias, is {want_bytes} bytes.")
+
+
+def _judge_units(attempt: Attempt, where: str, rank: int, held: dict, owner: dict, world_size: int) -> None:
+    """The same hidden units in fc1's rows, fc1's bias and fc2's columns, 1/p of them, held by no other rank."""
+    hidden = SIZES["hidden"]
+    units = {full_name: set(held[full_name][2]) for full_name in ("fc1.weight", "fc1.bias", "fc2.weight")}
+    if len({frozenset(u) for u in units.values()}) > 1:
+        said = "; ".join(f"{held[n][0]} holds {describe((n, held[n][1], held[n][2]))}" for n in units)
+        attempt.fail(f"{where}: rank {rank}'s shards hold different hidden units ({said}). Hidden unit j is row j of "
+                     "fc1.weight, element j of fc1.bias and column j of fc2.weight: keep the same units in all three.")
+    mine = sorted(units["fc1.weight"])
+    if len(mine) != hidden // world_size:
+        attempt.fail(f"{where}: rank {rank} holds {len(mine)} of the {hidden} hidden units "
+                     f"({describe(held['fc1.weight'])}); each of the {world_size} ranks keeps {hidden // world_size}.")
+    shared = [j for j in mine if j in owner]
+    if shared:
+        attempt.fail(f"{where}: ranks {owner[shared[0]]} and {rank} both hold hidden unit {shared[0]} (row {shared[0]} "
+                     "of fc1.weight): the ranks' shares must split the hidden units, each unit on one rank only "
+                     "(rank r can keep rows r*k:(r+1)*k, k = h / p, or every p-th row from r).")
+    owner.update(dict.fromkeys(mine, rank))

@@ -1,4 +1,4 @@
-"""Checks on what ships: no kept module imports one left out, no notebook has outputs or markup,
+"""Checks on what ships: no shipped module imports one left out, no notebook has outputs or markup,
 and the notebooks' Colab cells point at a published course."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from .rules import KEPT_MODULES, MARKUP, ReleaseError
+from .rules import MARKUP, SHIPPED, ReleaseError
 
 __all__ = ["check_imports", "check_notebook", "check_no_markup", "check_colab", "is_placeholder"]
 
@@ -60,12 +60,11 @@ def check_imports(out: Path, root: Path) -> None:
             if shipped == parts or (not surely and len(shipped) == len(parts) - 1):
                 continue  # the module ships (or a name of a module that ships)
             if surely or len(deepest_module(root, parts)) > len(shipped):
-                kept = ", ".join(f"autograder/{m}.py" for m in KEPT_MODULES)
+                kept = ", ".join(f"autograder/{m}" for m in SHIPPED)
                 raise ReleaseError(
                     f"{rel} line {line} imports {name}, which the learner distribution leaves out (of autograder/ "
-                    f"it ships __init__.py, {kept} and the lessons/lessonNN.py modules). Learners would get an "
-                    "ImportError. Move what the import is for into a module that ships (as lesson06.py holds "
-                    "bucket_layout), or stop importing it there."
+                    f"it ships {kept}). Learners would get an ImportError. Move what the import is for into a "
+                    "package that ships (as lessons/lesson06.py holds bucket_layout), or stop importing it there."
                 )
 
 
@@ -88,7 +87,7 @@ def check_no_markup(out: Path) -> None:
 
 def _placeholder_refused(placeholder: str) -> ReleaseError:
     return ReleaseError(
-        f"REPOSITORY in autograder/course/colab.py is still the placeholder {placeholder}, which holds no course: "
+        f"REPOSITORY in autograder/notebooks/colab.py is still the placeholder {placeholder}, which holds no course: "
         "every notebook's Open in Colab badge and set-up cell would point there, and learners on Colab could not "
         "start. Create the learner repository on GitHub (empty for now), set REPOSITORY to its address, run `make "
         "course` and commit, then build the release again (docs/instructors.md, Publishing the course). To build a "
@@ -98,8 +97,8 @@ def _placeholder_refused(placeholder: str) -> ReleaseError:
 
 
 def is_placeholder(repository: str) -> bool:
-    """Whether ``repository`` is :data:`autograder.course.colab.PLACEHOLDER`, the address no course is published at."""
-    from ..course.colab import PLACEHOLDER
+    """Whether ``repository`` is :data:`autograder.notebooks.colab.PLACEHOLDER`, the address no course is published at."""
+    from ..notebooks.colab import PLACEHOLDER
 
     return repository.rstrip("/").removesuffix(".git") == PLACEHOLDER
 
@@ -110,7 +109,7 @@ def check_colab(notebooks: dict[str, Path], repository: str, allow_placeholder: 
     ``notebooks`` maps each notebook's path in the release (``course/<lesson>/<lesson>.ipynb``) to
     its file. With ``allow_placeholder`` the placeholder passes (a draft); returns whether it is one.
     """
-    from ..course.colab import BADGE_ID, PLACEHOLDER, SETUP_ID, colab_url
+    from ..notebooks.colab import BADGE_ID, PLACEHOLDER, SETUP_ID, colab_url
 
     draft = is_placeholder(repository)
     if draft and not allow_placeholder:
@@ -127,6 +126,6 @@ def check_colab(notebooks: dict[str, Path], repository: str, allow_placeholder: 
             found = re.search(r"colab\.research\.google\.com/github/([^/\s)]+/[^/\s)]+)", cells.get(BADGE_ID, ""))
             where = f"github.com/{found[1]}" if found else f"no Colab badge (cell id {BADGE_ID!r})"
             raise ReleaseError(f"{rel} points learners on Colab at {where}, but REPOSITORY in "
-                               f"autograder/course/colab.py is {repository}. Run `make course` to write the current "
+                               f"autograder/notebooks/colab.py is {repository}. Run `make course` to write the current "
                                "REPOSITORY into every notebook, commit course/, and build the release again.")
     return draft

@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .rules import ROOT, ReleaseError
+from ..paths import ROOT
+from .rules import ReleaseError
 
 __all__ = ["load_toml", "learner_pyproject", "learner_environment", "learner_makefile", "grading_limits",
            "learner_nbgrader_config", "GITIGNORE", "HANDIN_FOLDER"]
@@ -144,20 +145,20 @@ _LEARNER_RULES = f"""\
 # `make check LESSON=05`, or `make check` for every lesson. Exit status 0 only when all pass.
 LESSON ?=
 check: venv
-	$(VENV_PY) -m autograder.grading.selfcheck $(LESSON)
+	$(VENV_PY) -m autograder.learner.selfcheck $(LESSON)
 
 # Pack your notebooks into {HANDIN_FOLDER}/STUDENT.zip, as <student>/<lesson>/<lesson>.ipynb (the
 # layout your instructor's `make grade` reads): `make handin STUDENT=your-name [LESSON=05]`.
 # Runs with $(PYTHON) alone: no virtual environment, no torch.
 handin:
-	@$(PYTHON) -m autograder.grading.handin --out {HANDIN_FOLDER}
+	@$(PYTHON) -m autograder.learner.handin --out {HANDIN_FOLDER}
 """
 
 
 def learner_makefile(main: str) -> str:
     """The learner's Makefile: the main Makefile's ``venv``, ``lab`` and ``clean-venv`` rules, copied,
-    and the learner's own ``check`` (:mod:`autograder.grading.selfcheck`) and ``handin``
-    (:mod:`autograder.grading.handin`).
+    and the learner's own ``check`` (:mod:`autograder.learner.selfcheck`) and ``handin``
+    (:mod:`autograder.learner.handin`).
 
     The paragraphs are taken as they are (the Python check, the torch install, the root
     handling of ``lab``), so the two cannot drift apart; the venv installs the ``course``

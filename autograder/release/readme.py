@@ -23,7 +23,7 @@ def draft_warning(placeholder: str) -> str:
         "> **Draft: the *Open in Colab* badges do not work in this copy.** It was built while the\n"
         f"> course's Colab address was still the placeholder <{placeholder}>, which holds no course:\n"
         "> each notebook's badge and first cell point there. Use `git clone` or the archive below.\n"
-        "> Instructors: set `REPOSITORY` in `autograder/course/colab.py` to the published learner\n"
+        "> Instructors: set `REPOSITORY` in `autograder/notebooks/colab.py` to the published learner\n"
         "> repository, run `make course`, then `make release` again before you publish.\n\n"
     )
 

@@ -8,7 +8,7 @@ outputs (:func:`cache_key`), so a notebook runs once per change, not once per us
 - The key is a SHA-256 over the notebook's cells and metadata (outputs, execution counts
   and the page-only ``site`` cell metadata left out), the other files git knows in its
   lesson folder, the Python sources of ``helpers/`` and of what lessons import from
-  ``autograder/`` (its ``__init__.py`` and ``lessons/``; not the grading, course, release and
+  ``autograder/`` (its ``__init__.py``, ``kit/``, ``lessons/`` and ``hidden/``; not the answers, grading, notebooks, release and
   site code, which only build or grade), the Python version, the machine type and the installed torch's
   version (a CUDA build's version names it, ``2.11.0+cu130``). Editing one lesson changes
   that lesson's key only; editing the helpers changes every key.
@@ -57,11 +57,11 @@ KEEP = 3
 TIMEOUT = 180
 #: What of autograder/ a lesson's cells import (``from autograder import exercise``) and run on their ranks; the
 #: rest (grading, course, release, site, the command line) only builds or grades, so editing it runs nothing again.
-_LESSON_CODE = ("__init__.py", "lessons")
+_LESSON_CODE = ("__init__.py", "paths.py", "kit", "lessons", "hidden")
 
 
 def _root() -> Path:
-    from ..course.build import ROOT
+    from ..paths import ROOT
 
     return ROOT
 
@@ -81,7 +81,7 @@ def _notebook_path(lesson: str, root: Path) -> Path:
 
 
 def _code_digest(root: Path) -> str:
-    """SHA-256 over helpers/**.py, autograder/__init__.py and autograder/lessons/**.py (path and bytes of each)."""
+    """SHA-256 over helpers/**.py and what of autograder/ the notebooks run (:data:`_LESSON_CODE`): path and bytes of each."""
     digest = hashlib.sha256()
     files = sorted(p for p in (root / "helpers").rglob("*.py"))
     files += sorted(p for p in (root / "autograder").rglob("*.py")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..course import colab
+from ..notebooks import colab
 
 __all__ = ["PageError", "IMAGE_TYPES", "figure_alt", "lesson_page", "tainted_cells", "defined_names", "used_names"]
 

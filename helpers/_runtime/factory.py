@@ -49,7 +49,8 @@ from . import wire as _wire
 from .wire import MAX_PACKET, send_message
 from .protocol import Exited, Fatal, GroupSpec, Hello, RankSpec, Signal, Spawn, Spawned, Stop
 
-__all__ = ["Factory", "get_factory", "fork_factory", "shutdown_factory", "FactoryError"]
+__all__ = ["Factory", "get_factory", "start_ahead", "start_after_cell", "fork_factory", "shutdown_factory",
+           "FactoryError"]
 
 class FactoryError(RuntimeError):
     """The rank factory could not be started or stopped answering."""
@@ -77,7 +78,6 @@ class Factory:
             )
             env = dict(os.environ)
             env.pop("MPLBACKEND", None)
-            env["HELPERS_PRESTART"] = "0"  # importing helpers in there must not start another
             self.process = subprocess.Popen(
                 [sys.executable, "-c", code],
                 pass_fds=(child.fileno(),),
@@ -216,8 +216,7 @@ class _ForkedProcess:
 
     The child is set up as the fresh interpreter would be: a session of its own, its standard
     streams on ``/dev/null``, no file descriptor of this process but its end of the socket,
-    Python's signal handlers back to their defaults, ``HELPERS_PRESTART=0`` and no plotting
-    backend, readable by its own user. ``gc.freeze()`` comes first, so that no object it inherited
+    Python's signal handlers back to their defaults and no plotting backend, readable by its own user. ``gc.freeze()`` comes first, so that no object it inherited
     is ever collected there (one would close a descriptor whose number a rank's pipe has since).
     """
 
@@ -243,7 +242,6 @@ class _ForkedProcess:
                     except (OSError, ValueError, TypeError):
                         pass
                 os.environ.pop("MPLBACKEND", None)
-                os.environ["HELPERS_PRESTART"] = "0"
                 _set_dumpable()
                 from .factory_process import serve
 
@@ -307,6 +305,31 @@ def get_factory(wait: bool = True) -> Factory:
     if wait:
         factory.wait_ready()
     return factory
+
+
+def start_ahead() -> None:
+    """Start the rank factory in the background unless it runs, and return at once: for a caller that knows ranks
+    will be wanted soon (the first launch then finds torch imported). A factory that cannot start says why at
+    that launch."""
+    try:
+        get_factory(wait=False)
+    except OSError:
+        pass
+
+
+def start_after_cell(shell: Any) -> None:
+    """Have ``shell`` (an IPython kernel's shell) call :func:`start_ahead` once the cell it runs now has ended.
+
+    ``import helpers`` asks for this in a notebook kernel: the importing cell is the lesson's set-up, and the
+    factory's ``import torch`` then runs while the learner reads on. It happens once; a launch in that same cell
+    starts the factory itself, and the call then finds it running.
+    """
+
+    def ended(*_: Any) -> None:
+        shell.events.unregister("post_run_cell", ended)
+        start_ahead()
+
+    shell.events.register("post_run_cell", ended)
 
 
 def fork_factory() -> Factory:

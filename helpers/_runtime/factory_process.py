@@ -286,7 +286,7 @@ def _warm_up(server: _Server) -> None:
 
     ``HELPERS_WARM_UP=off`` never does it: for a process whose ranks build no optimizer, where
     it would be a second of CPU spent for nothing (the grader sets it for the lessons whose
-    ranks never build one, :func:`autograder.lessons.registry.ranks_build_optimizers`).
+    ranks never build one, :func:`autograder.kit.registry.ranks_build_optimizers`).
     """
     serving = _ServingSignals(server)
     sys.meta_path.insert(0, serving)

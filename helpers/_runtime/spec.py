@@ -52,7 +52,6 @@ def group_spec(world: int, nnodes: int, backend: str, *, init: bool, pg_timeout:
             "ROLE_WORLD_SIZE": str(world),
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
-            "HELPERS_PRESTART": "0",  # a rank that imports helpers starts no factory
         }
     )
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host

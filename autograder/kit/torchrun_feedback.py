@@ -1,0 +1,120 @@
+"""What a failed or stopped torchrun job tells the learner: who failed first, how, and where.
+
+Everything here reads the typed records of a :class:`~autograder.kit.torchrun.ScriptRun`
+(exit codes, each failed process's exception, frames and declared options, the stacks of a
+job that was stopped), never the text of a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .torchrun import SCRIPT, STDERR_LINES, Failure, Frame, ScriptRun
+
+__all__ = ["failure_text", "describe_failure"]
+
+
+def _short(filename: str, folder: Path) -> str:
+    """``train.py`` for the job's files, ``torch/...`` for an installed package's, else the name as it is."""
+    path = Path(filename)
+    if path.parent == folder:
+        return path.name
+    parts = path.parts
+    if "site-packages" in parts:
+        return "/".join(parts[parts.index("site-packages") + 1:])
+    return filename
+
+
+def _frames_text(run: ScriptRun, frames: list[Frame]) -> list[str]:
+    """The traceback from the script's first frame on, without the course's wrapper, two lines a frame."""
+    first = next((i for i, f in enumerate(frames) if f.in_script), 0)
+    shown = [f for f in frames[first:] if Path(f.filename).name != "graded_run.py"]
+    lines = []
+    for f in shown:
+        lines.append(f'File "{_short(f.filename, run.folder)}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append("  " + f.line.strip())
+    return lines[-2 * STDERR_LINES:]
+
+
+def _in_brief(failure: Failure) -> str:
+    """``ValueError: ...``, ``SIGTERM`` or ``exit code 3``: one failure in a few words."""
+    if failure.exc_type:
+        line = failure.exception.splitlines()[0]
+        return line[:120] + ("..." if len(line) > 120 else "")
+    return failure.signal or f"exit code {failure.exitcode}"
+
+
+def describe_failure(run: ScriptRun, failure: Failure) -> str:
+    """What one failed process did, in the words of the feedback: who, how it ended, its exception or last lines."""
+    who = f"rank {failure.rank}"
+    if run.nnodes > 1:
+        who += f" (local rank {failure.local_rank} under torchrun agent {failure.agent})"
+    if failure.exc_type:
+        code = f" (exit code {failure.exitcode})" if failure.exitcode not in (None, 1) else ""
+        text = f"{who} raised {failure.exception}{code}"
+        mine = [f for f in failure.frames if f.in_script]
+        if mine:
+            at = mine[-1]
+            source = run.source(at.lineno)
+            text += f"\n  at {SCRIPT} line {at.lineno}, in {at.name}" + (f": {source}" if source else "")
+        lines = _frames_text(run, failure.frames)
+        if lines:
+            text += "\nIts traceback ends:\n" + "\n".join("  " + line[:200] for line in lines)
+        return text
+    if failure.signal:
+        text = f"{who} was killed by {failure.signal} (exit code {failure.exitcode}), without a Python exception"
+    else:
+        text = (f"{who} exited with code {failure.exitcode} without a Python exception (sys.exit, os._exit, "
+                "or an error outside Python ends a process this way)")
+    stream, lines = ("stderr", failure.stderr) if failure.stderr else ("stdout", failure.stdout)
+    if lines:
+        text += f". Its last lines on {stream}:\n" + "\n".join("  " + line[:200] for line in lines)
+    else:
+        text += ". It wrote nothing."
+    return text
+
+
+def _where_they_waited(run: ScriptRun) -> str:
+    """Where each process was when the job was stopped: its innermost frame in the learner's script."""
+    lines = []
+    for rank, frames in sorted(run.stacks.items()):
+        mine = next((f for f in frames if f.in_script), None)  # innermost first
+        if mine:
+            lines.append(f"  rank {rank} was at {SCRIPT} line {mine.lineno}, in {mine.name}: {run.source(mine.lineno)}")
+    return "\n".join(lines)
+
+
+def _hint(run: ScriptRun) -> str:
+    """A sentence for two mistakes of scripts moved from the old launcher, read from the processes' records."""
+    if any(o in ("--local-rank", "--local_rank") for f in run.failures for o in f.options):
+        return ("\ntorchrun does not pass --local-rank on the command line (only the old torch.distributed.launch "
+                "did): read LOCAL_RANK from the environment, os.environ['LOCAL_RANK'].")
+    if any(f.exc_type == "KeyError" and f.frames and Path(f.frames[-1].filename).stem in ("os", "<frozen os>")
+           for f in run.failures):
+        return "\nA variable your main() read from os.environ is not one torchrun sets."
+    return ""
+
+
+def failure_text(run: ScriptRun) -> str | None:
+    """None when every agent exited 0 in time; else what went wrong, for the feedback."""
+    if run.timed_out:
+        where = _where_they_waited(run)
+        return (f"under {run.where}, the job did not finish within {run.timeout:g} s and was stopped."
+                + (f" Where the processes were:\n{where}" if where else "")
+                + f"\nThe job's last lines:\n{run.tail()}\nA process that waits for a collective the others "
+                  "never make hangs; so does a process group whose ranks disagree (a hard-coded rank).")
+    failed = [(i, code) for i, code in enumerate(run.codes) if code != 0]
+    if not failed:
+        return None
+    hint = _hint(run)
+    if run.failures:  # what torchrun's agents recorded: the first failure in time is the root cause
+        first, *others = run.failures
+        also = ""
+        if others:
+            also = "\nAlso failed after it: " + "; ".join(f"rank {f.rank} ({_in_brief(f)})" for f in others[:3]) + (
+                "; ..." if len(others) > 3 else "")
+        return (f"under {run.where}, a process failed and torchrun stopped the job (agent {first.agent} exited with "
+                f"code {run.codes[first.agent]}). The first to fail:\n{describe_failure(run, first)}{also}{hint}")
+    agent, code = failed[0]  # no agent recorded a failed process (the agent itself failed): the job's last lines
+    return f"under {run.where}, torchrun agent {agent} exited with code {code}. The job's last lines:\n{run.tail()}{hint}"
