@@ -1,19 +1,20 @@
 """Lesson 12 graded end to end with the real nbgrader: planners and layout searches, right and wrong.
 
-A temporary copy of the course receives four learners' versions of lesson 12 and is graded with
+A temporary copy of the course receives three learners' versions of lesson 12 and is graded with
 `python -m autograder grade`, the instructor's command, in the sandbox where the course's planner file is hidden:
 the hidden checks get it sealed (autograder/hidden/sealed.py). Each learner after the first packs one change per
 exercise, a line or two away from the answer, so that few submissions cover many parts:
 
 - amy hands in the instructor's three answers;
 - cid holds every micro-batch's activations under 1F1B (12.1), counts an all-reduce's tensor once where a ring
-  sends 2(p - 1)/p of it (12.2), and leaves 12.3 as the stub;
+  sends 2(p - 1)/p of it (12.2), and searches for the slowest layout that fits (12.3);
 - dee divides the RMSNorm scales by tp (12.1), counts tensor parallelism's forward collectives only (12.2), and
   for 12.3 tries to borrow the course's own choice: importing the planner (as a module, or through the hidden
   checks' own loader), reading its file, or any open descriptor of a file that holds it; none is reachable from the ranks the answer runs on, so the fallback, a layout of twice
-  the cluster's GPUs, is what gets graded;
-- eli writes right answers of other shapes (a tuple of dicts of whole numbers, keys in another order; a traffic
-  plan that lists zero-byte entries) and a search that picks the slowest layout that fits (12.3).
+  the cluster's GPUs, is what gets graded.
+
+Right answers of other shapes (tuples, whole numbers, zero-byte entries) and the untouched stubs are graded by
+tests/test_lesson12.py and the other lessons' end-to-end modules: the same checks, without a learner's grading more.
 """
 
 from __future__ import annotations
@@ -71,20 +72,14 @@ def choose_layout(model, cluster):
             return found["choose_layout"](model, cluster)
     return Layout(dp=2 * cluster.gpus, micro_batch=max(1, model.batch // (2 * cluster.gpus)), precision="bf16")
 '''
-OTHER_SHAPES = (('        plans.append({"parameters": parameters, "gradients": gradients, "optimizer": optimizer, '
-                 '"activations": acts})\n    return plans',
-                 '        plans.append({"activations": round(acts), "optimizer": round(optimizer), '
-                 '"gradients": round(gradients), "parameters": round(parameters)})\n    return tuple(plans)'),)
-ZERO_ENTRIES = (("        plans.append(sent)", "        sent.setdefault((\"all_reduce\", \"pp\"), 0)\n        plans.append(sent)"),)
 SLOWEST = (("p.fits and (best is None or p.step < best[0])", "p.fits and (best is None or p.step > best[0])"),)
 
 HANDED_IN = {LESSON: {
     "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (MEMORY, TRAFFIC, LAYOUT)},
-    "cid": {MEMORY: variant(LESSON, MEMORY, *EVERY_MICROBATCH), TRAFFIC: variant(LESSON, TRAFFIC, *ALL_REDUCE_ONCE)},
+    "cid": {MEMORY: variant(LESSON, MEMORY, *EVERY_MICROBATCH), TRAFFIC: variant(LESSON, TRAFFIC, *ALL_REDUCE_ONCE),
+            LAYOUT: variant(LESSON, LAYOUT, *SLOWEST)},
     "dee": {MEMORY: variant(LESSON, MEMORY, *NORMS_SPLIT), TRAFFIC: variant(LESSON, TRAFFIC, *TP_FORWARD_ONLY),
             LAYOUT: BORROWS},
-    "eli": {MEMORY: variant(LESSON, MEMORY, *OTHER_SHAPES), TRAFFIC: variant(LESSON, TRAFFIC, *ZERO_ENTRIES),
-            LAYOUT: variant(LESSON, LAYOUT, *SLOWEST)},
 }}
 
 
@@ -98,12 +93,12 @@ def test_the_instructors_answers_earn_full_marks(graded_lesson):
     assert graded_lesson.scores("amy") == graded_lesson.points
 
 
-def test_every_micro_batch_and_an_all_reduce_counted_once_lose_their_exercises(graded_lesson):
+def test_every_micro_batch_an_all_reduce_counted_once_and_the_slowest_layout_lose_their_parts(graded_lesson):
     """Does holding every micro-batch under 1F1B lose all of 12.1 and an all-reduce counted once all of 12.2, each
-    named, and the untouched 12.3 lose both parts, saying it still raises NotImplementedError?"""
-    _lose(graded_lesson, "cid", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large",
-          "12.3/fits", "12.3/fast")
-    graded_lesson.check_feedback("cid", "pp - s micro-batches", "2(p-1)/p", "still raises NotImplementedError")
+    named, and a search that picks the slowest layout that fits lose 12.3's fast part alone, naming the course
+    search's best?"""
+    _lose(graded_lesson, "cid", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large", "12.3/fast")
+    graded_lesson.check_feedback("cid", "pp - s micro-batches", "2(p-1)/p", "search finds")
 
 
 def test_split_norms_forward_only_traffic_are_named_and_the_course_planner_cannot_be_borrowed(graded_lesson):
@@ -113,13 +108,6 @@ def test_split_norms_forward_only_traffic_are_named_and_the_course_planner_canno
     _lose(graded_lesson, "dee", "12.1/small", "12.1/large", "12.1/recompute", "12.2/small", "12.2/large",
           "12.3/fits", "12.3/fast")
     graded_lesson.check_feedback("dee", "holds them whole", "mirror in backward", "use all of them")
-
-
-def test_other_shapes_earn_full_marks_and_the_slowest_layout_loses_fast_alone(graded_lesson):
-    """Do a memory plan of tuples and whole numbers and a traffic plan with zero-byte entries earn 12.1 and 12.2, and a
-    search that picks the slowest layout that fits lose 12.3's fast part alone, naming the course search's best?"""
-    _lose(graded_lesson, "eli", "12.3/fast")
-    graded_lesson.check_feedback("eli", "search finds")
 
 
 def test_grading_run_records_every_learner(graded_lesson):
