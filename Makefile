@@ -28,7 +28,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring course grade instructor release site clean-venv
+.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring bench-plan course grade instructor release site clean-venv
 
 venv: $(STAMP)
 
@@ -108,8 +108,9 @@ test-compat:
 #   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
 #   bench-grading  seconds to autograde one learner's submission of each lesson
 #   bench-hub      one learner's server on the hub running lesson 04: memory and CPU (hub_bench.py)
+#   bench-plan     lesson 12: the planner against measurement, the collective model on held-out sizes (plan_bench.py)
 # bench-NAME runs bench/NAME_bench.py.
-BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading bench-hub
+BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading bench-hub bench-plan
 
 bench: venv
 	$(VENV_PY) bench/launch_bench.py

@@ -122,7 +122,7 @@ def test_declarations_are_complete(ex):
 
 
 def test_points_per_lesson_are_unchanged():
-    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 16, 7: 20, 8: 6, 9: 10, 10: 19, 11: 14)?"""
+    """Are the points per part what the lessons give (0: 1, 1: 4, 2: 4, 3: 12, 4: 18, 5: 10, 6: 16, 7: 20, 8: 6, 9: 10, 10: 19, 11: 14, 12: 19)?"""
     points = {ex.number: {p.name: p.points for p in ex.parts} for ex in exercises()}
     assert points == {
         "0.1": {"hello": 1},
@@ -151,6 +151,9 @@ def test_points_per_lesson_are_unchanged():
         "11.1": {"correct": 3, "ring": 2, "memory": 2, "no_hang": 1},
         "11.2": {"correct": 2, "balanced": 2},
         "11.3": {"correct": 1, "exchange": 1},
+        "12.1": {"small": 3, "large": 3, "recompute": 2},
+        "12.2": {"small": 3, "large": 3},
+        "12.3": {"fits": 2, "fast": 3},
     }
 
 

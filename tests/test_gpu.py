@@ -109,3 +109,26 @@ def test_pipelined_ring_refuses_cuda_tensors_with_the_reason():
     instead of risking a deadlock?"""
     for message in launch(_cuda_pipelined_ring, 2, output="quiet"):
         assert message and "cuda:" in message and "nccl ignores tags" in message and "backend='gloo'" in message
+
+
+@pytest.mark.gpu
+@needs_one
+def test_lesson_12_gpu_route_measures_a_step_beside_the_plan():
+    """Does lesson 12's GPU route train the model on the GPU (the loss falls from ln V), and do the plan's memory and the
+    cost model's step land near the measurement (the plan counts what is kept, the model matrix products only)?"""
+    import math
+
+    from autograder.answers.lesson12 import plan_memory, plan_traffic
+    from helpers.plan import Cluster as Machine, Layout, Link, Model
+    from helpers.planrun import on_gpu
+    from helpers.steptime import predict
+
+    model = Model("gpu", vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, ffn=2816, seq=2048, batch=4)
+    got = on_gpu(model, steps=4)
+    assert got["loss"] < math.log(model.vocab) + 1 and got["seconds"] > 0 and got["flops"] > 1e12
+    gpu = Machine(got["gpu"], 1, 1, torch.cuda.get_device_properties(0).total_memory, got["flops"], Link("-", 0, 1),
+                  Link("-", 0, 1))
+    p = predict(model, Layout(precision="fp32", micro_batch=model.batch), gpu, plan_memory, plan_traffic, flops=got["flops"])
+    planned = sum(p.memory[0].values())
+    assert 0.8 < got["peak"] / planned < 2.0, (got["peak"], planned)
+    assert 1.0 <= got["seconds"] / p.step < 5.0, (got["seconds"], p.step)

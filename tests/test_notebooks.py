@@ -189,6 +189,19 @@ EXPECTED_OUTPUTS = {
                           r"  tp: rank 0's group \[0, 1, 2, 3, 4, 5, 6, 7\], on node\(s\) \[0\]"),
         ("def where_am_i(", r"rank 2 on host 1: tp group \[2, 3\], cp group \[0, 2\]"),
     ],
+    # Lesson 12's prose reads these off its cells: the plan equal to every measurement, the layer's kept tensors, 1F1B's
+    # in-flight activations falling stage by stage, the two proofs, the GPU route, the published runs.
+    "12-planning-a-run": [
+        ("def planned_beside_measured(", r"10 layouts: largest difference between plan and measurement: parameters "
+                                         r"0\.00%, gradients 0\.00%, optimizer 0\.00%, activations 0\.00%"),
+        ("def kept_by_one_layer(", r"recompute='selective': 15 tensors, 297,472 bytes"),
+        ("def activations(runs)", r"1f1b, fp32 +1,191,936 +892,416 +594,944 +363,776"),
+        ("TOLERANCE = 1e-4", r"(?s)ZeRO-1.*equal to one process within 0\.0001.*ZeRO-2.*equal to one process within 0\.0001"),
+        ("GPU_MODEL = Model(", r"Skipped: this machine has no GPU|predicted [\d.]+ ms \([\d.]+x\); peak memory"),
+        ("def against_published(", r"405B dp 64 x tp 8 x pp 16 x cp 1, ZeRO-1, 32 micro-batches of 1, full +24\.\d +"),
+        ("def against_published(", r"8B dp 8 x tp 1 x pp 1 x cp 1, ZeRO-3, 1 micro-batch of 2, selective +109\.9!"),
+        ("from helpers.timeline import replay", r"trace: lesson12-1x1x2x2\.trace\.json"),
+    ],
 }
 
 

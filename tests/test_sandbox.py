@@ -75,7 +75,7 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         import helpers, autograder.kit.exercise
         out = {{"course": os.listdir({str(course)!r}), "home": os.listdir({str(Path.home())!r}),
                "repo": sorted(os.listdir({str(PACKAGE_DIRS[1].parent)!r}))}}
-        for name in ("answers", "answers.lesson04", "answers.lesson11"):
+        for name in ("answers", "answers.lesson04", "answers.lesson11", "answers.lesson12"):
             try:
                 __import__("autograder." + name)
                 out[name] = "imported"
@@ -91,7 +91,7 @@ def test_answers_gradebook_and_home_are_out_of_sight(tmp_path):
         print(json.dumps(out))
     """)
     assert got["course"] == [], got
-    assert got["answers"] == got["answers.lesson04"] == got["answers.lesson11"] == "missing", got
+    assert got["answers"] == got["answers.lesson04"] == got["answers.lesson11"] == got["answers.lesson12"] == "missing", got
     assert got["reference_file"] == "unreadable" and got["hidden"] == "imported", got  # the hidden checks run there
     assert "solutions" not in got["repo"] and "tests" not in got["repo"], got  # only the two packages are shown
     assert not any(name.startswith(".") and name not in (".venv", ".pyenv") for name in got["home"]), got

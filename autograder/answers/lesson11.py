@@ -1,6 +1,6 @@
-"""Instructor reference answers of lesson 11 (context parallelism); :mod:`autograder.lessons.reference` holds the other lessons'.
+"""Instructor reference answers of lesson 11 (context parallelism); each lesson's are in :mod:`autograder.answers`.
 
-Like that module, it never ships to learners and the grading sandbox hides it. How to use it::
+Like every module there, it never ships to learners and the grading sandbox hides it. How to use it::
 
     from autograder.answers.lesson11 import ring_attention
     helpers.launch(lambda rank, ws: ring_attention(*torch.randn(3, 2, 8, 4)).shape, 4)

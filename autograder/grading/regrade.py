@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, NamedTuple
 
+from ..hidden.sealed import environment, open_sealed
 from .task import Unfinished
 from .workfolder import Job, text_tail, warm_up
 
@@ -42,16 +43,25 @@ def start(job: Job, notebook: Any) -> None:
 
     copy = job.clean_folder / "submission.ipynb"
     nbformat.write(notebook, copy)
-    argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson_number(job.notebook))]
-    factory_env = warm_up(job.task.lesson, clean=True)
+    lesson = lesson_number(job.notebook)
+    argv = [sys.executable, "-m", "autograder.grading.clean", str(copy), str(lesson)]
+    # The answers the hidden checks compare with, open for the clean re-grade alone (autograder.hidden.sealed):
+    # the sandbox hides their files, and the re-grade reads the descriptors before the learner's code runs.
+    sealed = open_sealed(lesson)
+    factory_env = {**warm_up(job.task.lesson, clean=True), **environment(sealed)}
     if job.task.sandboxed:
         argv = job.box([job.clean_folder], factory_env).wrap(argv)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **factory_env)
     env.pop("COURSE_CLEAN_RUN_DECIDES", None)
-    with (job.folder / "clean.out").open("wb") as out, (job.folder / "clean.err").open("wb") as err:
-        job.clean_started = time.monotonic()
-        job.clean_process = subprocess.Popen(argv, cwd=job.clean_folder, env=env, stdout=out, stderr=err,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        with (job.folder / "clean.out").open("wb") as out, (job.folder / "clean.err").open("wb") as err:
+            job.clean_started = time.monotonic()
+            job.clean_process = subprocess.Popen(argv, cwd=job.clean_folder, env=env, stdout=out, stderr=err,
+                                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                                 pass_fds=tuple(sealed.values()))
+    finally:
+        for fd in sealed.values():
+            os.close(fd)
 
 
 def regrade(job: Job, sanitized: Any) -> Verdicts:

@@ -5,7 +5,7 @@
   functions the self-check shares with the hidden tests;
 - the checkers those use, named for what they check: ``ringcheck`` (lesson 04's ring),
   ``gradcheck`` (05 and 06's gradient averaging), ``shardcheck`` (09), ``tpcheck`` with
-  ``tpdata`` and ``pipecheck`` (10), ``cpcheck`` with ``cpdata`` (11); for Exercise 7.2
+  ``tpdata`` and ``pipecheck`` (10), ``cpcheck`` with ``cpdata`` (11), ``plancheck`` (12); for Exercise 7.2
   ``faults`` (the course's pieces and fault plans), ``faultjudge`` (the judgements its
   self-check shares) and ``faultpoints`` (the recorder copied into each process).
 

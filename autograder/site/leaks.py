@@ -7,8 +7,9 @@ HIDDEN TESTS``. A line is left out of the search when it gives nothing away:
 - it has fewer than :data:`MIN_CHARS` characters besides whitespace (``pass``, ``return
   tensor``, ``else:``, a lone bracket): such lines occur in any Python and say nothing of an
   answer, while every line that does (``send = (rank - step - 1) % world_size``,
-  ``ring_reduce_scatter(tensor)``, a hidden test's ``exercise("4.4").grade(...)``) is longer;
-- or it appears in a learner notebook anyway, alone or within a longer line (a stub keeps
+  ``ring_reduce_scatter(tensor)``, a hidden test's ``grade("4.4", ring_allreduce, "correct")``) is longer;
+- or it appears in a learner notebook anyway, alone, within a longer line or across the lines of
+  one cell (an exercise's statement may wrap the line it gives away; a stub keeps
   the function's signature and docstring; another lesson's code may do the same thing, as
   ``flat = tensor.view(-1)`` does): learners see it already.
 
@@ -47,9 +48,11 @@ def _cells(path: Path) -> list[str]:
 
 
 def public_text(root: Path, lessons: list[str]) -> str:
-    """Every line of every learner notebook, squeezed, one per line: what learners are shown anyway."""
-    return "\n".join(_squeeze(line) for lesson in lessons
-                     for source in _cells(root / "course" / lesson / f"{lesson}.ipynb") for line in source.splitlines())
+    """Every line of every learner notebook, squeezed, one per line, and every cell squeezed whole (a statement
+    that wraps a line of code over two lines of prose shows it too): what learners are shown anyway."""
+    sources = [source for lesson in lessons for source in _cells(root / "course" / lesson / f"{lesson}.ipynb")]
+    return "\n".join([_squeeze(line) for source in sources for line in source.splitlines()]
+                     + [_squeeze(source) for source in sources])
 
 
 def secret_lines(root: Path, lessons: list[str]) -> list[tuple[str, str, str]]:

@@ -1,0 +1,220 @@
+"""Exercises 12.1-12.3's checks against right answers written other ways and against the usual wrong ones.
+
+Each test grades a part the way a hidden test cell does (``grade("12.1", fn, part)``), with the learner's
+function on a fresh rank and small layouts measured on CPU ranks (once per test process: the parts share them),
+and reads the feedback a learner would read. The wrong answers are the course's planner with one usual mistake
+made: the optimizer state counted on every rank under ZeRO, every micro-batch's activations under 1F1B, the norms
+divided by tp, the embedding left whole, the probabilities divided by cp squared, an all-reduce's bytes counted
+once, tensor parallelism's backward left out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder import exercise
+from autograder.hidden import grade
+from autograder.kit.harness import GradingFailure
+
+_SOURCE = '''
+from autograder.answers import lesson12 as ref
+from helpers.plan import Layout
+
+
+def memory_as_tuples(model, layout):
+    """Right, in another shape: a tuple of dicts of whole numbers, keys in another order."""
+    return tuple({k: int(round(v)) for k, v in reversed(list(stage.items()))} for stage in ref.plan_memory(model, layout))
+
+
+def traffic_with_zeros(model, layout):
+    """Right, with entries of zero bytes for collectives a layout does not make."""
+    plans = ref.plan_traffic(model, layout)
+    for plan in plans:
+        for key in (("all_reduce", "pp"), ("send", "tp")):
+            plan.setdefault(key, 0)
+    return plans
+
+
+def optimizer_everywhere(model, layout):
+    plans = ref.plan_memory(model, layout)
+    for plan in plans:
+        plan["optimizer"] *= layout.shard_group if layout.zero >= 1 else 1
+    return plans
+
+
+def every_microbatch(model, layout):
+    return ref.plan_memory(model, layout.with_(schedule="gpipe"))
+
+
+def norms_split(model, layout):
+    """The norms divided by tp, the same way through every category (and the largest unit)."""
+    right, t = ref.units, layout.tp
+
+    def split(model, layout, stage):
+        out = right(model, layout, stage)
+        h = model.hidden
+        layers = layout.stage_layers(model)[stage]
+        first = 1 if stage == 0 else 0
+        for i in range(first, first + layers):
+            out[i] -= 2 * h * (1 - 1 / t)
+        if stage == layout.pp - 1:
+            out[-1] -= h * (1 - 1 / t)
+        return out
+
+    ref.units = split
+    try:
+        return ref.plan_memory(model, layout)
+    finally:
+        ref.units = right
+
+
+def probabilities_over_cp_squared(model, layout):
+    plans = ref.plan_memory(model, layout)
+    if layout.cp > 1 and layout.recompute == "none":
+        rows = layout.micro_batch * model.seq // layout.cp
+        probs = model.heads // layout.tp * rows * model.seq * layout.bytes["activation"]
+        for s, plan in enumerate(plans):
+            plan["activations"] -= layout.in_flight(s) * layout.stage_layers(model)[s] * probs * (1 - 1 / layout.cp)
+    return plans
+
+
+def all_reduce_once(model, layout):
+    plans = ref.plan_traffic(model, layout)
+    for plan in plans:
+        for (op, dim), n in list(plan.items()):
+            p = layout.extent(dim)[0]
+            if op == "all_reduce" and p > 1:
+                plan[(op, dim)] = n * p / (2 * (p - 1))
+    return plans
+
+
+def tp_forward_only(model, layout):
+    plans = ref.plan_traffic(model, layout)
+    for plan in plans:
+        for key in (("all_gather", "tp"), ("reduce_scatter", "tp")):
+            if key in plan:
+                plan[key] /= 2
+    return plans
+
+
+def no_gradient_keys(model, layout):
+    """The shape mistake: a flat dict for the whole job instead of one per stage."""
+    return {"parameters": 1, "gradients": 1, "optimizer": 1, "activations": 1}
+
+
+def data_parallel_only(model, cluster):
+    return Layout(dp=cluster.gpus, micro_batch=model.batch // cluster.gpus, precision="bf16")
+
+
+def too_few_gpus(model, cluster):
+    return Layout(dp=cluster.gpus // 2, zero=3, micro_batch=2 * model.batch // cluster.gpus, recompute="full",
+                  precision="bf16")
+
+
+def slow_but_fits(model, cluster):
+    """Fits, but the slowest layout that fits."""
+    return ref.search(model, cluster)[-1][1]
+'''
+_ANSWERS = {"__name__": "lesson12_test_answers"}
+exec(compile(_SOURCE, "<12.x test answers>", "exec"), _ANSWERS)
+
+
+def _fails(number: str, answer: str, part: str, pattern: str) -> None:
+    with pytest.raises(GradingFailure, match=pattern):
+        grade(number, _ANSWERS[answer], part)
+
+
+def test_the_course_planner_earns_every_part(factory):
+    """Do the instructor's three answers pass every hidden part of 12.1-12.3?"""
+    from autograder.answers import lesson12 as ref
+
+    for number, fn in (("12.1", ref.plan_memory), ("12.2", ref.plan_traffic), ("12.3", ref.choose_layout)):
+        for part in exercise(number).parts:
+            grade(number, fn, part.name)
+
+
+def test_right_answers_of_other_shapes_earn_full_marks(factory):
+    """Does a memory plan of tuples and whole numbers, and a traffic plan listing zero-byte entries, earn every part?"""
+    for part in ("small", "large", "recompute"):
+        grade("12.1", _ANSWERS["memory_as_tuples"], part)
+    for part in ("small", "large"):
+        grade("12.2", _ANSWERS["traffic_with_zeros"], part)
+
+
+@pytest.mark.parametrize("part", ["small", "large"])
+def test_12_1_names_optimizer_state_counted_on_every_rank(factory, part):
+    """Does the whole optimizer state on every rank under ZeRO fail, saying ZeRO keeps 1/(dp cp) of it?"""
+    _fails("12.1", "optimizer_everywhere", part, r"(?s)optimizer per rank should be .*optimizer state .*counted on every "
+                                                 r"rank")
+
+
+@pytest.mark.parametrize("part", ["small", "large"])
+def test_12_1_names_every_micro_batch_held_under_1f1b(factory, part):
+    """Does holding every micro-batch's activations under 1F1B fail, naming pp - s?"""
+    _fails("12.1", "every_microbatch", part, r"(?s)activations per rank should be .*pp - s")
+
+
+def test_12_1_names_norms_divided_by_tp(factory):
+    """Does dividing the RMSNorm scales by tp fail large, saying every tp rank holds them whole?"""
+    _fails("12.1", "norms_split", "large", r"(?s)RMSNorm scales divided by tp.*holds them whole")
+
+
+def test_12_1_names_probabilities_divided_by_cp_squared(factory):
+    """Does dividing the kept probabilities by cp squared fail recompute, saying a rank keeps s^2/cp per head?"""
+    _fails("12.1", "probabilities_over_cp_squared", "large", r"(?s)divided by cp squared: a rank keeps its s/cp "
+                                                               r"queries' scores against all s keys")
+
+
+def test_12_1_says_what_shape_a_plan_has(factory):
+    """Does a flat dict fail small, saying a plan is one dict per pipeline stage?"""
+    _fails("12.1", "no_gradient_keys", "small", r"plan_memory returned dict .*one dict per pipeline stage")
+
+
+@pytest.mark.parametrize("part", ["small", "large"])
+def test_12_2_names_an_all_reduce_counted_once(factory, part):
+    """Does counting an all-reduce's tensor once fail, with the ring's 2(p-1)/p?"""
+    _fails("12.2", "all_reduce_once", part, r"(?s)all-reduces over .*2\(p-1\)/p")
+
+
+def test_12_2_names_the_missing_backward_of_tensor_parallelism(factory):
+    """Does counting tensor parallelism's forward collectives only fail, saying backward mirrors and regathers?"""
+    _fails("12.2", "tp_forward_only", "large", r"(?s)over tp per step.*mirror in backward")
+
+
+def test_12_3_names_the_rank_and_category_that_overflow(factory):
+    """Does a layout that does not fit fail fits, naming the rank, its stage and the largest category?"""
+    _fails("12.3", "data_parallel_only", "fits", r"does not fit: rank 0 \(stage 0\) needs [\d.,]+ GiB of its [\d.]+ GiB "
+                                                 r".* is the largest part")
+
+
+def test_12_3_refuses_a_layout_that_leaves_gpus_out(factory):
+    """Does a layout of half the GPUs fail fits, saying to use all of them?"""
+    _fails("12.3", "too_few_gpus", "fits", r"dp x tp x pp x cp = \d+, but the cluster has \d+ GPUs; use all of them")
+
+
+def test_12_3_fast_compares_with_the_course_search(factory):
+    """Does a layout that fits but is the slowest the search found pass fits and fail fast, naming the search's best?"""
+    grade("12.3", _ANSWERS["slow_but_fits"], "fits")
+    _fails("12.3", "slow_but_fits", "fast", r"the course's search finds .* at [\d,]+ ms, and a layout within 10% of it "
+                                            r"passes")
+
+
+def test_sealed_modules_are_read_from_a_descriptor_and_closed(tmp_path, monkeypatch):
+    """Does unseal define the module from its descriptor, close it, and drop the environment entry?"""
+    import os
+    import sys
+
+    from autograder.hidden import sealed
+
+    source = tmp_path / "planted.py"
+    source.write_text("ANSWER = 42\n")
+    fd = os.open(source, os.O_RDONLY)
+    monkeypatch.setenv(sealed.ENV, f"planted:{fd}")
+    try:
+        assert sealed.unseal() == ["planted"]
+        assert sys.modules["autograder.answers.planted"].ANSWER == 42
+        assert sealed.ENV not in os.environ
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    finally:
+        sys.modules.pop("autograder.answers.planted", None)
