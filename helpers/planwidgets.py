@@ -10,10 +10,11 @@ it where widgets can be shown: a notebook in JupyterLab, Jupyter Notebook or Col
 (:func:`helpers.view.choose_view`). Elsewhere (nbconvert, nbgrader, the course's website) it draws the
 starting layout and says that the controls need a live notebook.
 
-Example::
+Example, with ``plan_memory`` and ``plan_traffic`` your answers to Exercises 12.1 and 12.2 (the course's
+tests pass the instructor's, ``autograder.answers.lesson12``, which learners do not get)::
 
     >>> from helpers.plan import LLAMA3_8B, Layout, h100_cluster
-    >>> from autograder.answers.lesson12 import plan_memory, plan_traffic
+    >>> plan_memory, plan_traffic = your_plan_memory, your_plan_traffic  # doctest: +SKIP
     >>> fig = draw(LLAMA3_8B.with_(batch=64), Layout(dp=8, tp=8, zero=3, microbatches=8), h100_cluster(64),
     ...            plan_memory, plan_traffic)
     >>> "fits" in fig.axes[0].get_title()

@@ -218,3 +218,17 @@ def test_sealed_modules_are_read_from_a_descriptor_and_closed(tmp_path, monkeypa
             os.fstat(fd)
     finally:
         sys.modules.pop("autograder.answers.planted", None)
+
+
+@pytest.mark.parametrize("module", ["helpers.steptime", "helpers.planwidgets"])
+def test_the_examples_of_the_modules_that_take_a_plan_run_with_the_course_plan(module):
+    """Do helpers.steptime's and helpers.planwidgets' examples give what they show, with the instructor's plan as 'yours'?"""
+    import doctest
+    import importlib
+
+    from autograder.answers.lesson12 import plan_memory, plan_traffic
+
+    result = doctest.testmod(importlib.import_module(module), extraglobs={"plan_memory": plan_memory,
+                                                                          "plan_traffic": plan_traffic},
+                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0, result
