@@ -1,11 +1,12 @@
 """The instructor workflow end to end, with the real nbgrader: release, submit, autograde, feedback, export.
 
-A temporary copy of the course (COURSE_ROOT) receives six learners' versions of lesson 04
+A temporary copy of the course (COURSE_ROOT) receives seven learners' versions of lesson 04
 (its four exercises, from the chunk schedule to the ring all-reduce), one learner's
-version of lesson 03, and two of lesson 02 (the instructor's ring sum, and a ring sum
-worked out alone behind dummy messages), and is graded with `python -m autograder grade`,
+version of lesson 03, and two of lesson 02 (the instructor's ring sum, and the same ring sum
+followed by code that tries to leave its folder), and is graded with `python -m autograder grade`,
 the command the instructors' guide (docs/instructors.md, "Grading with nbgrader") gives. (That the solution notebooks' hidden tests pass is also checked,
-faster, by tests/test_notebooks.py; here one lesson-03 learner is enough.)
+faster, by tests/test_notebooks.py; here one lesson-03 learner is enough. A ring sum worked out
+alone behind dummy messages is decided by the clean re-grade alone in tests/test_regrade_02.py.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LESSON02 = "02-point-to-point"
 ROOT = Path(__file__).resolve().parent.parent
 LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin", "frank", "mallory"}
 LESSON03_LEARNERS = {"carol"}
-LESSON02_LEARNERS = {"alice", "carol", "oscar"}  # each extra notebook costs a whole autograde run
+LESSON02_LEARNERS = {"alice", "oscar"}  # each extra notebook costs a whole autograde run
 
 # -- bob: nearly there --------------------------------------------------------------------
 
@@ -61,17 +62,6 @@ DIRECT_REDUCE_SCATTER = '''def ring_reduce_scatter(tensor):
             flat[start:stop] += incoming[j]
     return tensor
 '''
-
-# Exercise 2.1 for lesson 02: every message goes round the ring, but each rank works the
-# total out from its own value alone; it cannot know the others' values.
-LOCAL_RING_SUM = '''def ring_sum(rank, world_size, value):
-    if world_size > 1:
-        request = dist.isend(torch.zeros(1), (rank + 1) % world_size)
-        dist.recv(torch.zeros(1), (rank - 1) % world_size)
-        request.wait()
-    return value * world_size
-'''
-
 
 # -- oscar: a right answer, then code that tries to leave its folder while it is graded -------
 
@@ -177,7 +167,6 @@ def hand_in(root: Path, subs: Path) -> None:
     assert set(ans2) == {"2.1"} and len(parts2) == 3, (ans2, parts2)
     release2 = root / "course" / LESSON02 / f"{LESSON02}.ipynb"
     submission(release2, target("alice", LESSON02), {ans2["2.1"]: solution_source(LESSON02, ans2["2.1"])})
-    submission(release2, target("carol", LESSON02), {ans2["2.1"]: LOCAL_RING_SUM})
     # Only a sandbox may meet oscar's escape: without one it would really write pwned.txt in every
     # folder above the grading and in the home folder of whoever runs the tests.
     escape = "" if sandbox_flags() else ESCAPE
@@ -316,16 +305,6 @@ def test_instructor_ring_sum_scores_full_marks(graded):
     points = _scores(graded, None, LESSON02)
     assert sum(points.values()) == 4, points
     assert _scores(graded, "alice", LESSON02) == points
-
-
-def test_ring_sum_worked_out_alone_earns_nothing(graded):
-    """Does a ring_sum that sends dummy messages round the ring but works the total out alone score 0 on every part, with feedback saying why?"""
-    root, _, _ = graded
-    scores = _scores(graded, "carol", LESSON02)
-    assert {part for _, part in scores} == {"correct", "point_to_point", "no_hang"} and set(scores.values()) == {0}, scores
-    feedback = _feedback(root, "carol", LESSON02)
-    assert "every rank should return their sum" in feedback
-    assert "Each rank knows only its own value" in feedback
 
 
 def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
