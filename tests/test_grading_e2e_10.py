@@ -1,11 +1,12 @@
 """Lesson 10 graded end to end with the real nbgrader: tensor-parallel MLPs and pipeline schedules, right and wrong.
 
-A temporary copy of the course receives five learners' versions of lesson 10 and is graded
-with `python -m autograder grade`, the instructor's command. amy hands in the instructor's
-four answers; the others make the mistakes these exercises invite, each a line or two away
-from the answer, and eli hands in right answers of other shapes. Each learner's exercises fail
-or pass independently, so one hand-in carries a mistake of each (the usual mistakes the checks
-also name are tried in tests/test_lesson10.py, faster):
+A temporary copy of the course receives two learners' versions of lesson 10 and is graded
+with `python -m autograder grade`, the instructor's command: amy hands in the instructor's
+four answers, ben a mistake in each exercise. cid, dee and eli make the other mistakes these
+exercises invite, each a line or two away from the answer (eli hands in right answers of other
+shapes); they are decided by the clean re-grade alone in tests/test_regrade_10.py. Each
+learner's exercises fail or pass independently, so one hand-in carries a mistake of each (the
+usual mistakes the checks also name are tried in tests/test_lesson10.py, faster):
 
 - ben: f's backward passes the gradient through (no backward all-reduce); a GPipe that starts
   each backward with 1 and then divides every parameter's .grad by m, which raises on the frozen
@@ -169,7 +170,7 @@ def _answers(tp=(), gpipe=(), one_f_one_b=(), *, tp_source=None, gpipe_source=No
     return {grade_id: source for grade_id, source in cells.items() if grade_id not in skip}
 
 
-HANDED_IN = {LESSON: {
+LEARNERS = {
     "amy": {grade_id: solution_source(LESSON, grade_id) for grade_id in (TP, GPIPE, ONE_F_ONE_B, INTERLEAVED)},
     "ben": _answers(tp=(("        grad = grad.clone()               # all_reduce works in place: leave autograd's tensor "
                          "alone\n        dist.all_reduce(grad)             # each rank's fc1 block gave only its part of "
@@ -180,7 +181,9 @@ HANDED_IN = {LESSON: {
     "eli": _answers(tp=STRIDED, gpipe_source=GPIPE_DIVIDES_WHAT_THERE_IS,
                     one_f_one_b=(("    warmup = min(stage.num_stages - stage.rank - 1, m)\n", "    warmup = m\n"),),
                     interleaved_source=INTERLEAVED_ONE_AT_A_TIME),
-}}
+}
+# amy and ben through the grade command; cid, dee and eli in tests/test_regrade_10.py.
+HANDED_IN = {LESSON: {who: LEARNERS[who] for who in ("amy", "ben")}}
 
 
 def _lose(graded_lesson, student: str, *parts: str) -> None:
@@ -201,33 +204,6 @@ def test_no_backward_all_reduce_dividing_every_gradient_and_no_warm_up_are_named
     graded_lesson.check_feedback("ben", "That is f: the identity in forward, an all-reduce of the gradient in backward",
                                  "backward made no call at all", "a parameter, spare, that its forward never uses",
                                  "if p.grad is not None", "the pipeline never fills")
-
-
-def test_frozen_weights_made_trainable_and_a_missing_one_over_m_are_named(graded_lesson):
-    """Do shards that drop their frozen weights' requires_grad lose 10.1's backward alone, naming the parameter and
-    the fix, a GPipe without 1/m the gradients alone, while 1F1B written backward-first earns all of 10.3?"""
-    _lose(graded_lesson, "cid", "10.1/backward", "10.2/gradients")
-    graded_lesson.check_feedback("cid", "was given frozen (requires_grad=False)", "requires_grad=fc1.weight.requires_grad",
-                                 "backward on the last stage with 1/")
-
-
-def test_whole_copies_computed_alone_and_a_pipeline_that_never_fills_are_named(graded_lesson):
-    """Does a module that computes on each rank alone from whole copies lose every part of 10.1 (forward and backward
-    because rank 0 never depends on the other ranks), a one-micro-batch-at-a-time schedule 10.2's bubble, and an
-    untouched 1F1B all of 10.3?"""
-    _lose(graded_lesson, "dee", "10.1/forward", "10.1/backward", "10.1/communication", "10.1/shards", "10.2/bubble",
-          "10.3/gradients", "10.3/memory", "10.3/bubble")
-    graded_lesson.check_feedback("dee", "rank 0 computed it alone", "backward sums the parts over the ranks",
-                                 "Send every micro-batch forward before waiting for any gradient",
-                                 "still raises NotImplementedError")
-
-
-def test_a_strided_split_earns_full_marks_and_gpipes_order_in_1f1b_earns_nothing(graded_lesson):
-    """Do a strided split of the hidden units and a GPipe that divides only the gradients there are earn all of
-    10.1 and 10.2, while a 1F1B that runs every forward first loses every part of 10.3, naming GPipe's order, and two
-    chunks taken one micro-batch at a time 10.4's bubble, with its formula?"""
-    _lose(graded_lesson, "eli", "10.3/gradients", "10.3/memory", "10.3/bubble", "10.4/bubble")
-    graded_lesson.check_feedback("eli", "order (Exercise 10.2)", "a bubble of (p - 1) / (v m + p - 1)")
 
 
 def test_grading_run_records_every_learner(graded_lesson):
