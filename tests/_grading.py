@@ -26,7 +26,6 @@ Example (reading no notebook)::
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
@@ -95,8 +94,24 @@ class GradedLesson:
     def check_verdicts(self, student: str, failing: set[str]) -> None:
         """Assert that ``student``'s feedback page shows each part of ``failing`` (names as in ``points``) as
         ``Exercise N.M, part "p": 0 of k points.`` and shows no frame of the course's grading code."""
+        import html
+        import re
+
         text = html.unescape(re.sub(r"<[^>]+>", "", self.feedback(student)))
-        _check_verdict_text(f"{student}'s feedback on {self.lesson}", text, self.lesson, self.cells, self.points, failing)
+        lesson_module = f"lesson{self.lesson[:2]}.py"
+        frames = [name for name in ("exercise.py", "harness.py", "gradcheck.py", "ringcheck.py", lesson_module) if name in text]
+        # A traceback shown for an error: IPython's header ("GradingFailure    Traceback (most recent call last)")
+        # or Python's own at the start of a line. A docstring's doctest that a lesson cell prints (indented) is not one.
+        frames += re.findall(r"(?m)^(?:\w+[ \t]+)?Traceback \(most recent call last\)", text)
+        assert not frames, f"{student}'s feedback on {self.lesson} shows the grading code's frames {frames}:\n{text}"
+        for grade_id, part in self.cells.items():
+            if part not in failing:
+                continue
+            number = grade_id.split("-")[1][len("ex"):].replace("_", ".")
+            points = self.points[part]
+            verdict = (rf'Exercise {re.escape(number)}, part "{part.split("/")[-1]}"[^:\n]*: 0 of {points:g} '
+                       rf'points?\.\s*\S')
+            assert re.search(verdict, text), f"{student}'s feedback lacks the verdict of {part} ({verdict}):\n{text}"
 
     def runs(self) -> dict[str, dict]:
         """This lesson's entries of the grading run's record (autograder/grading-run.json), by student."""
@@ -110,25 +125,6 @@ class GradedLesson:
         assert set(runs) == set(self.learners)
         assert all(run["status"] == "ok" for run in runs.values()), runs
         assert runs[full_marks_by]["score"] == pytest.approx(self.full_marks)
-
-
-def _check_verdict_text(whose: str, text: str, lesson: str, cells: dict[str, str], points: dict[str, float],
-                        failing: set[str]) -> None:
-    """Assert that ``text`` shows each part of ``failing`` as ``Exercise N.M, part "p": 0 of k points.`` followed by
-    a message, and no frame of the course's grading code (``whose`` names the text in the failure)."""
-    frames = [name for name in ("exercise.py", "harness.py", "gradcheck.py", "ringcheck.py", f"lesson{lesson[:2]}.py")
-              if name in text]
-    # A traceback shown for an error: IPython's header ("GradingFailure    Traceback (most recent call last)")
-    # or Python's own at the start of a line. A docstring's doctest that a lesson cell prints (indented) is not one.
-    frames += re.findall(r"(?m)^(?:\w+[ \t]+)?Traceback \(most recent call last\)", text)
-    assert not frames, f"{whose} shows the grading code's frames {frames}:\n{text}"
-    for grade_id, part in cells.items():
-        if part not in failing:
-            continue
-        number = grade_id.split("-")[1][len("ex"):].replace("_", ".")
-        verdict = (rf'Exercise {re.escape(number)}, part "{part.split("/")[-1]}"[^:\n]*: 0 of {points[part]:g} '
-                   rf'points?\.\s*\S')
-        assert re.search(verdict, text), f"{whose} lacks the verdict of {part} ({verdict}):\n{text}"
 
 
 @dataclass(frozen=True)
@@ -176,12 +172,6 @@ class Regraded:
         assert not missing, f"{self.student}'s verdicts on {self.lesson} lack {missing}; they read:\n{text}"
         errors = [r for r in self.results if r.get("check_error")]
         assert not errors, f"a check of the course itself failed on {self.student}'s {self.lesson}: {errors}"
-
-    def check_verdicts(self, failing: set[str]) -> None:
-        """Assert that the verdicts show each part of ``failing`` as ``Exercise N.M, part "p": 0 of k points.`` and
-        a message, and no frame of the course's grading code, as :meth:`GradedLesson.check_verdicts` does."""
-        _check_verdict_text(f"{self.student}'s verdicts on {self.lesson}", self.verdicts(), self.lesson, self.cells,
-                            self.points, failing)
 
 
 def regrade(folder: Path, lesson: str, student: str, answers: dict[str, str] | None, timeout: float = 600) -> Regraded:
