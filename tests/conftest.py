@@ -30,15 +30,18 @@ if str(ROOT) not in sys.path:
 #: The modules that take longest, first: under pytest-xdist (`make test` runs the suite on
 #: TEST_JOBS workers) they start at once, and the short modules fill the gaps around them.
 LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_hub", "test_grading_dask", "test_grading_parallel",
-              "test_colab", "test_release_learner")
+              "test_grading_failures", "test_colab")
 
 
 def worker_group(module: str) -> str:
     """What runs whole on one pytest-xdist worker: a test module (its module fixtures, a
     kernel, a lab, a release, are made once), except that the grading end-to-end modules
-    share one worker, which grades all their learners together (``graded_class``), and the two
+    and tests/test_release_learner.py share one worker, which grades all their learners together
+    (``graded_class``), and the two
     modules that start `make instructor` in the checkout share another."""
-    if module.startswith("test_grading_e2e"):
+    if module.startswith("test_grading_e2e") or module == "test_release_learner":
+        # Every module that hands learners in to graded_class (a session fixture: each worker that asks for it
+        # grades the whole class once more) goes to the one worker that grades them.
         return "graded-class"
     # Both start `make instructor`, whose formgrader makes (and the tests then remove) the checkout's gradebook.
     return "test_browser" if module == "test_start_routes" else module

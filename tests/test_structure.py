@@ -322,3 +322,18 @@ def test_no_module_or_class_is_longer_than_a_reader_can_hold():
     assert not long_modules, f"modules over {MODULE_LINES} lines (split them by what they do): {long_modules}"
     assert not long_classes, f"classes over {CLASS_LINES} lines (move a responsibility out): {long_classes}"
     assert len(_modules()) > 50  # the reader found the packages
+
+
+def test_every_module_that_hands_in_to_the_graded_class_runs_on_its_worker():
+    """Does every test module that uses the session's graded class run in the one pytest-xdist group that grades it?
+
+    ``graded_class`` is a session fixture: a worker that asks for it grades every learner of the session again
+    (six minutes of CI when tests/test_release_learner.py once landed on the other worker)."""
+    from conftest import worker_group
+
+    import re
+
+    hands_in = re.compile(r"^HANDED_IN\s*=|^def hand_in\(|^def \w+\([^)]*\bgraded_(class|lesson)\b", re.MULTILINE)
+    users = sorted(p.stem for p in (ROOT / "tests").glob("test_*.py") if hands_in.search(p.read_text(encoding="utf-8")))
+    assert "test_release_learner" in users and "test_grading_e2e" in users, users
+    assert {m: worker_group(m) for m in users if worker_group(m) != "graded-class"} == {}
