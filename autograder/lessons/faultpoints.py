@@ -167,7 +167,10 @@ def _under_ckpt(path) -> bool:
 
 
 def _write_armed() -> bool:
-    return _mine("write") and _steps[0] >= KILL.get("arm", 0)
+    # The step count first: the victim is drawn (_mine, once) from the first checkpoint's writers, whose records
+    # are all written only once every process has passed a later step's all-reduce; drawn during the first
+    # checkpoint itself, processes saw different writers, could each name another and none died.
+    return _steps[0] >= KILL.get("arm", 0) and _mine("write")
 
 
 class _DyingFile:
@@ -201,7 +204,7 @@ class _DyingFile:
 
 def _open(file, mode="r", *args, **kwargs):
     f = _real_open(file, mode, *args, **kwargs)
-    if isinstance(mode, str) and any(c in mode for c in "wax") and _write_armed() and _under_ckpt(file):
+    if isinstance(mode, str) and any(c in mode for c in "wax") and _under_ckpt(file) and _write_armed():
         return _DyingFile(f, file)
     return f
 
