@@ -54,6 +54,19 @@ def killed_by_a_signal():
     dist.destroy_process_group()
 
 
+def raises_a_long_message_naming_a_course_file():
+    from autograder.paths import ROOT
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    if rank == 1:  # the recorded message's 2000 characters end in the middle of the course's folder
+        path = f'File "{ROOT}/autograder/kit/harness.py", line 3'
+        cut = 2000 - len('File "') - len(str(ROOT)) // 2
+        raise RuntimeError(" ".join(["word"] * (cut // 5)).ljust(cut - 1) + " " + path + " and more" * 20)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _feedback(fn, part: str = "runs") -> str:
     with pytest.raises(GradingFailure) as failed:
         if part == "self-check":
@@ -114,6 +127,17 @@ def test_a_main_without_the_barrier_loses_clean_exit(tmp_path):
     main = _answer_with(tmp_path, "no_barrier", "    dist.barrier()  ", "    pass  ")
     text = _feedback(main, "clean_exit")
     assert "did not wait at a dist.barrier() for rank 0's checkpoint" in text, text
+
+
+def test_a_long_message_is_cut_between_words_so_the_feedback_names_no_folder_of_the_grader():
+    """When a rank's exception is longer than what is recorded of it, is it cut where a word ends, so that the
+    feedback's redaction still finds the course's folder (a path cut in half once reached a learner's page)?"""
+    from autograder.grading.verdicts import redact
+    from autograder.paths import ROOT
+
+    text = redact(_feedback(raises_a_long_message_naming_a_course_file))
+    assert "raised RuntimeError: word word" in text and " ..." in text, text
+    assert str(ROOT)[:len(str(ROOT)) // 2 + 1] not in text, text
 
 
 def test_a_rank_that_exits_without_an_exception_shows_its_code_and_last_output():

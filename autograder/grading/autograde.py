@@ -37,6 +37,7 @@ import nbformat
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
+from ..kit.torchrun_programs import clip
 from . import regrade
 from .task import Unfinished
 from .workfolder import Job, Tail, warm_up
@@ -197,7 +198,7 @@ def telling_line(kernel: str, error: BaseException | None, nbgrader_error: str) 
         return bwrap[-1]
     said = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}" if error else ""
     if lines and error is not None:
-        return f"{said} (the kernel's last words: {lines[-1][:300]})"
+        return f"{said} (the kernel's last words: {clip(lines[-1], 300)})"
     if said:
         return said
     found = [line for line in nbgrader_error.strip().splitlines() if line.strip() and "above traceback" not in line]

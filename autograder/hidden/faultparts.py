@@ -26,6 +26,7 @@ from autograder.lessons import faults
 from autograder.kit.exercise import Attempt, GradingFailure
 from autograder.kit.torchrun import ScriptRun, run_together, source_key
 from autograder.kit.torchrun_feedback import failure_text
+from autograder.kit.torchrun_programs import clip
 
 __all__ = ["resumes", "no_repeat", "atomic", "reshard", "clean_exit", "RESHARD_STEPS"]
 
@@ -195,5 +196,5 @@ def clean_exit(attempt: Attempt) -> None:
         if left:
             rank, kids = sorted(left.items())[0]
             attempt.fail(f"under {run.where}, rank {rank} left {len(kids)} process(es) running when it returned "
-                         f"({kids[0][:80]}): wait for, or shut down, what the script starts (an async checkpointer "
+                         f"({clip(kids[0], 80)}): wait for, or shut down, what the script starts (an async checkpointer "
                          "too).")

@@ -47,7 +47,7 @@ from helpers._runtime.diagnose import parse_dump
 from helpers._runtime.spec import free_port
 
 from .agentpool import pool_available, start_agent
-from .torchrun_programs import AGENT, WRAPPER
+from .torchrun_programs import AGENT, WRAPPER, clip
 
 __all__ = ["ScriptRun", "Failure", "Frame", "JobSpec", "run_script", "run_together", "cached_run", "source_key", "SCRIPT",
            "RUN_TIMEOUT", "STDERR_LINES"]
@@ -155,7 +155,7 @@ class ScriptRun:
 
     def tail(self, n: int = 12) -> str:
         lines = [line for line in self.output if line.strip("* ")]
-        return "\n".join("  " + line[:200] for line in lines[-n:]) or "  (no output)"
+        return "\n".join("  " + clip(line, 200) for line in lines[-n:]) or "  (no output)"
 
 
 _runs: dict[tuple, ScriptRun] = {}

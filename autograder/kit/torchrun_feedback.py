@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .torchrun import SCRIPT, STDERR_LINES, Failure, Frame, ScriptRun
+from .torchrun_programs import clip
 
 __all__ = ["failure_text", "describe_failure"]
 
@@ -40,8 +41,7 @@ def _frames_text(run: ScriptRun, frames: list[Frame]) -> list[str]:
 def _in_brief(failure: Failure) -> str:
     """``ValueError: ...``, ``SIGTERM`` or ``exit code 3``: one failure in a few words."""
     if failure.exc_type:
-        line = failure.exception.splitlines()[0]
-        return line[:120] + ("..." if len(line) > 120 else "")
+        return clip(failure.exception.splitlines()[0], 120)
     return failure.signal or f"exit code {failure.exitcode}"
 
 
@@ -60,7 +60,7 @@ def describe_failure(run: ScriptRun, failure: Failure) -> str:
             text += f"\n  at {SCRIPT} line {at.lineno}, in {at.name}" + (f": {source}" if source else "")
         lines = _frames_text(run, failure.frames)
         if lines:
-            text += "\nIts traceback ends:\n" + "\n".join("  " + line[:200] for line in lines)
+            text += "\nIts traceback ends:\n" + "\n".join("  " + clip(line, 200) for line in lines)
         return text
     if failure.signal:
         text = f"{who} was killed by {failure.signal} (exit code {failure.exitcode}), without a Python exception"
@@ -69,7 +69,7 @@ def describe_failure(run: ScriptRun, failure: Failure) -> str:
                 "or an error outside Python ends a process this way)")
     stream, lines = ("stderr", failure.stderr) if failure.stderr else ("stdout", failure.stdout)
     if lines:
-        text += f". Its last lines on {stream}:\n" + "\n".join("  " + line[:200] for line in lines)
+        text += f". Its last lines on {stream}:\n" + "\n".join("  " + clip(line, 200) for line in lines)
     else:
         text += ". It wrote nothing."
     return text

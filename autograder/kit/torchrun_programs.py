@@ -14,7 +14,36 @@ runs them with the grading machine's Python.
 True
 """
 
-__all__ = ["WRAPPER", "AGENT"]
+import ast
+import inspect
+
+__all__ = ["WRAPPER", "AGENT", "clip"]
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters (and " ..."), between words, never inside one.
+
+    The feedback takes the grading machine's paths out of what it shows; a path cut in half is no
+    longer the path it would look for, so a long message is cut where a word ends.
+
+    >>> clip('raised in File "/opt/course/.venv/lib/x.py", line 3', 30)
+    'raised in File ...'
+    >>> clip("short", 30)
+    'short'
+    """
+    if len(text) <= limit:
+        return text
+    head = text[:limit + 1]
+    cut = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+    return (head[:cut].rstrip() if cut > 0 else text[:limit]) + " ..."
+
+
+def _program_text(fn) -> str:
+    """``fn``'s definition without its docstring, to be written into a program's text (one piece serves both)."""
+    tree = ast.parse(inspect.getsource(fn))
+    tree.body[0].body = tree.body[0].body[1:]
+    return ast.unparse(tree)
+
 
 # Runs in every process torchrun starts, before the learner's script. Why it holds the process
 # groups and imports torch.distributed.nn first: every gloo collective's work object keeps a
@@ -31,6 +60,7 @@ __all__ = ["WRAPPER", "AGENT"]
 # The script runs under torch's own ``@record``, so its exception also reaches the agent's report.
 WRAPPER = """\
 import argparse, atexit, faulthandler, json, os, runpy, sys, time, traceback
+""" + _program_text(clip) + """
 LOG = os.environ["COURSE_GRADING_LOG"]
 RANK = os.environ.get("RANK", "?")
 ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -94,7 +124,7 @@ def _children():
                     fields = f.read().rsplit(")", 1)[1].split()
                 if fields[1] == me and fields[0] not in ("Z", "X"):
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        found.append(f.read().replace(b"\\0", b" ").decode(errors="replace").strip()[:200])
+                        found.append(clip(f.read().replace(b"\\0", b" ").decode(errors="replace").strip(), 200))
     except OSError:  # not Linux, or a process that ended while being read
         pass
     return found
@@ -120,7 +150,7 @@ def _script():
         error = {"options": _options}
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
             frames = [[f.filename, f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(exc.__traceback__)]
-            error.update(type=type(exc).__name__, message=str(exc)[:2000], frames=frames[-40:])
+            error.update(type=type(exc).__name__, message=clip(str(exc), 2000), frames=frames[-40:])
         if not (isinstance(exc, SystemExit) and exc.code in (None, 0)):
             with open(os.path.join(LOG, f"error-{RANK}-{ATTEMPT}.json"), "w") as out:
                 json.dump(error, out)
