@@ -54,6 +54,7 @@ def test_parallel_grading_gives_the_serial_scores(tmp_path):
                             for r in record["submissions"]}
     assert parts(parallel_record) == parts(serial_record)
     assert (serial_record["jobs"], parallel_record["jobs"]) == (1, 4)
+    assert serial_record["workers"] == parallel_record["workers"] == "this machine"
     assert [(r["part"], r["graded"], r["passed"]) for r in parallel_summary] == \
         [(r["part"], r["graded"], r["passed"]) for r in serial_summary] == [("hello", "4", "1")]
     patched = next(r for r in parallel_record["submissions"] if r["student"] == "patched")
