@@ -8,6 +8,7 @@ themselves.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -274,6 +275,20 @@ def shots(request):
 
 
 # --------------------------------------------------------------------------- one graded class
+
+
+def graded_lessons() -> set[str]:
+    """Every lesson that some learner of :func:`graded_class` hands in when the whole suite runs: the ``LESSONS``
+    and ``HANDED_IN`` of every test module that hands in (whichever modules this session collected)."""
+    import importlib
+
+    found = set()
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"^HANDED_IN\s*=|^def hand_in\(", text, re.MULTILINE):
+            module = importlib.import_module(path.stem)
+            found |= set(getattr(module, "LESSONS", ())) | set(getattr(module, "HANDED_IN", {}))
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -265,6 +265,30 @@ def test_course_is_in_sync_with_solutions():
     assert stale_lessons() == [], "course/ is out of date: run `make course` and commit course/"
 
 
+def test_every_learner_notebook_is_one_jupyterlab_opens_as_it_is():
+    """Is every course/ notebook one that JupyterLab opens without rewriting it (valid nbformat 4.5 or later, every
+    cell with its id) and runs with a kernel this Python has (python3)? The browser opens only some of them
+    (tests/test_browser.py's in_the_browser); this holds for all."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    have = set(KernelSpecManager().find_kernel_specs())
+    problems = []
+    for lesson in LESSONS:
+        path = ROOT / "course" / lesson / f"{lesson}.ipynb"
+        nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+        try:
+            nbformat.validate(nb)
+        except nbformat.ValidationError as err:
+            problems.append(f"{lesson}: not a valid notebook: {err.message}")
+        if (nb.nbformat, nb.nbformat_minor) < (4, 5) or any("id" not in cell for cell in nb.cells):
+            problems.append(f"{lesson}: nbformat {nb.nbformat}.{nb.nbformat_minor} or cells without ids (JupyterLab "
+                            "would add them and save)")
+        spec = nb.metadata.get("kernelspec", {})
+        if spec.get("name") != "python3" or spec.get("language") != "python" or "python3" not in have:
+            problems.append(f"{lesson}: kernelspec {spec}; this Python has {sorted(have)}")
+    assert not problems, "\n".join(problems)
+
+
 def test_lesson_00_lists_every_lesson_on_the_road_ahead():
     """Does lesson 00's road-ahead table give one row to every lesson in solutions/, from 00 to the last, in order?"""
     nb = json.loads((ROOT / "solutions" / "00-getting-started" / "00-getting-started.ipynb").read_text())
