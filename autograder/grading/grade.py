@@ -221,7 +221,8 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
             before = _previous()
             kept = {key: before[key] for key in already if key in before}
             pairs = [key for key in pairs if key not in already]
-            print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as they are.")
+            print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as "
+                  f"{'they are' if len(already) != 1 else 'it is'}.")
         left = _grade_pairs(pairs, record, workers, connection) if pairs else []
     record["submissions"].extend(r for key, r in kept.items())
     return _finish(record, left, started)
