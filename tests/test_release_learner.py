@@ -134,7 +134,7 @@ def test_validate_allows_each_cell_as_long_as_grading_does(release, tmp_path):
         "config = ValidateAssignmentHandler.load_config(None)  # the button's own reading of the settings\n"
         "execute = Execute(parent=Validator(config=config))\n"
         f"print(json.dumps({{n: getattr(execute, n) for n in {names!r}}}))\n"
-        "hook = execute.on_notebook_complete\n"
+        "hook = execute.on_cell_error\n"
         "print(json.dumps(hook and f'{hook.__module__}.{hook.__name__}'))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=release, capture_output=True, text=True, timeout=120,

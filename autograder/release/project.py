@@ -125,7 +125,7 @@ def learner_nbgrader_config(limits: dict[str, dict[str, Any]]) -> str:
         + "".join(f"{line}\n" for line in lines)
         + "\ntry:\n    from autograder.learner.validate import self_checks_count\n"
         "except ImportError:  # the course's packages are not importable here: Validate runs without the self-checks\n"
-        "    pass\nelse:\n    c.Execute.on_notebook_complete = self_checks_count\n"
+        "    pass\nelse:\n    c.Execute.on_cell_error = self_checks_count\n"
     )
 
 
