@@ -155,6 +155,8 @@ HUB_GROUP      ?= course-learners
 HUB_COURSE     ?= $(CURDIR)
 HUB_EXCHANGE   ?= /srv/nbgrader/exchange
 HUB_STATE      ?= hub/run
+# Seconds a server may stay idle before jupyterhub-idle-culler stops it (0: never).
+HUB_IDLE_TIMEOUT ?= 3600
 HUB_PROXY      := hub/.proxy/node_modules/.bin/configurable-http-proxy
 # Every learner's server runs the course's venv as that learner: the venv, and the Python it was
 # made from, must be readable by all users. $(VENV) is used when it is; otherwise (a Python under
@@ -175,7 +177,7 @@ hub: $(HUB_PROXY)
 	@if [ "$(HUB_VENV)" != "$(VENV)" ] && [ ! -e "$(HUB_VENV)" ] && [ -e "$(STAMP)" ]; then \
 	  $(HUB_PYTHON) hub/venv.py $(VENV) $(HUB_VENV) || [ $$? = 3 ]; fi
 	@$(MAKE) --no-print-directory venv VENV=$(HUB_VENV) $(if $(filter-out $(VENV),$(HUB_VENV)),PYTHON=$(HUB_PYTHON))
-	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY)
+	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY) --idle-timeout $(HUB_IDLE_TIMEOUT)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv

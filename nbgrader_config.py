@@ -56,6 +56,15 @@ c.Autograde.sanitize_preprocessors = list(SANITIZE)
 c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60
 
+# Feedback shows each graded part's verdict, never the hidden test's source (nbgrader issues 917
+# and 1363): the hidden region of every test cell is cleared before the page is written, by
+# `make grade` and by the formgrader's Generate Feedback alike. The graded notebook keeps it.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]
+
 # Stubs name their exercise, and every learner notebook starts with the Colab badge and
 # set-up cell (see autograder/notebooks/preprocessors.py and autograder/notebooks/colab.py).
 c.GenerateAssignment.preprocessors = [

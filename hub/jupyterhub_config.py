@@ -13,6 +13,11 @@ the course's choices only:
   Assignments tab and Validate button only.
 - nbgrader's exchange in ``COURSE_HUB_EXCHANGE`` (a folder every user may write, as nbgrader
   asks), the course id of nbgrader_config.py.
+- Idle servers are stopped by jupyterhub-idle-culler, a hub service, after
+  ``COURSE_HUB_IDLE_TIMEOUT`` seconds without activity (0: never); what learners saved stays in
+  their homes.
+- Single-user servers start through hub/spawner.py's CourseSpawner, which closes
+  LocalProcessSpawner's port race.
 - Everything listens on 127.0.0.1 only.
 """
 
@@ -24,6 +29,13 @@ STATE = env["COURSE_HUB_STATE"]
 COURSE = env["COURSE_HUB_COURSE"]
 INSTRUCTOR = env["COURSE_HUB_INSTRUCTOR"]
 VENV_BIN = os.path.dirname(sys.executable)
+IDLE_TIMEOUT = int(env.get("COURSE_HUB_IDLE_TIMEOUT", "3600"))
+#: How often activity reaches the hub (the proxy's record, and each server's own report): often
+#: enough that a server in use is never taken for idle, at most JupyterHub's 5 minutes.
+ACTIVITY_INTERVAL = min(300, max(5, IDLE_TIMEOUT // 6)) if IDLE_TIMEOUT else 300
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spawner import CourseSpawner  # noqa: E402 - hub/spawner.py, next to this file
 
 c = get_config()  # noqa: F821 - provided by JupyterHub's config loader
 
@@ -37,6 +49,20 @@ c.JupyterHub.db_url = "sqlite:///" + os.path.join(STATE, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(STATE, "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = os.path.join(STATE, "jupyterhub.pid")
 c.JupyterHub.cleanup_servers = True  # stopping the hub stops every user's server
+c.JupyterHub.last_activity_interval = ACTIVITY_INTERVAL
+
+# -- idle servers stopped: jupyterhub-idle-culler as a hub service, with the rights it needs --
+if IDLE_TIMEOUT:
+    c.JupyterHub.services = [{
+        "name": "idle-culler",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={IDLE_TIMEOUT}",
+                    f"--cull-every={ACTIVITY_INTERVAL}"],
+    }]
+    c.JupyterHub.load_roles = [{
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    }]
 
 # -- who may log in: Unix passwords (PAM), the instructor and the learners' group ----------
 c.JupyterHub.authenticator_class = "pam"
@@ -46,7 +72,7 @@ c.LocalAuthenticator.allowed_groups = {env["COURSE_HUB_GROUP"]}
 c.Authenticator.admin_users = {INSTRUCTOR}
 
 # -- each user's server: the course's venv, run as that Unix user -------------------------
-c.JupyterHub.spawner_class = "localprocess"
+c.JupyterHub.spawner_class = CourseSpawner  # LocalProcessSpawner, and the server listens where the hub looks
 c.Spawner.cmd = [os.path.join(VENV_BIN, "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.ip = "127.0.0.1"
@@ -61,6 +87,7 @@ def _environment(spawner):
     base = {
         "PATH": VENV_BIN + os.pathsep + "/usr/local/bin:/usr/bin:/bin",  # nbgrader runs `alembic` by name
         "COURSE_EXCHANGE": env["COURSE_HUB_EXCHANGE"],
+        "JUPYTERHUB_ACTIVITY_INTERVAL": str(ACTIVITY_INTERVAL),  # what the idle culler reads
     }
     if spawner.user.name == INSTRUCTOR:
         # VENV: `make collect` and `make grade` in the instructor's terminals use the venv the hub runs.

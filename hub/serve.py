@@ -2,6 +2,7 @@
 
     sudo make hub [HUB_PORT=8000] [HUB_INSTRUCTOR=teacher] [HUB_GROUP=course-learners]
                   [HUB_COURSE=/path/to/this/repository] [HUB_EXCHANGE=/srv/nbgrader/exchange]
+                  [HUB_IDLE_TIMEOUT=3600]
 
 It checks what the hub needs and stops with the next step when something is missing, prepares
 the folders, then replaces itself with ``jupyterhub -f hub/jupyterhub_config.py`` (Ctrl-C or
@@ -18,12 +19,16 @@ SIGTERM stops the hub and every user's server). Steps:
 4. the hub's own folder (``HUB_STATE``, default hub/run/, readable by root only) with the
    learner release (``python -m autograder release``: the helpers and the self-checks, no
    answers) and the nbgrader and Jupyter settings of learners and of the instructor.
+
+A server idle for ``HUB_IDLE_TIMEOUT`` seconds (an hour; 0: never) is stopped by
+jupyterhub-idle-culler, run by the hub as a service; the learner's files stay in their home.
 """
 
 from __future__ import annotations
 
 import argparse
 import grp
+import importlib.util
 import os
 import pwd
 import re
@@ -40,8 +45,13 @@ VENV_BIN = Path(sys.executable).parent  # not resolved: the venv's own bin folde
 DEFAULT_PROXY = HUB / ".proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 #: Learners must not see nbgrader's instructor tools.
 LEARNER_SERVER_EXTENSIONS_OFF = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list")
+#: JupyterLab's announcements plugin asks every new user "Would you like to get notified about official
+#: Jupyter news?" and checks PyPI for updates: neither is for a class. Off in everyone's server.
+EVERYONE_LAB_PLUGINS_OFF = ("@jupyterlab/apputils-extension:announcements",)
 LEARNER_LAB_PLUGINS_OFF = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
-                           "@jupyter/nbgrader:create-assignment")
+                           "@jupyter/nbgrader:create-assignment", *EVERYONE_LAB_PLUGINS_OFF)
+#: The instructor's server: the formgrader's Autograde buttons grade through the course's grading.
+INSTRUCTOR_SERVER_EXTENSIONS_ON = ("autograder.grading.formgrader",)
 #: Entries of the course folder that stay open to other users: the venv (every server runs it; the
 #: one this runs in is added) and hub/ (this file, the config, and the learners' release in hub/run/).
 OPEN_ENTRIES = (".venv", "hub")
@@ -177,10 +187,12 @@ def prepare_state(state: Path, course: Path, exchange: Path) -> None:
     (learner / "jupyter_server_config.json").write_text(
         '{"ServerApp": {"jpserver_extensions": {' + ", ".join(f'"{e}": false' for e in LEARNER_SERVER_EXTENSIONS_OFF)
         + "}}}\n")
-    (learner / "labconfig" / "page_config.json").write_text(
-        '{"disabledExtensions": {' + ", ".join(f'"{p}": true' for p in LEARNER_LAB_PLUGINS_OFF) + "}}\n")
+    _page_config(learner, LEARNER_LAB_PLUGINS_OFF)
     instructor = state / "instructor-config"
-    instructor.mkdir(exist_ok=True)
+    _page_config(instructor, EVERYONE_LAB_PLUGINS_OFF)
+    (instructor / "jupyter_server_config.json").write_text(
+        '{"ServerApp": {"jpserver_extensions": {' + ", ".join(f'"{e}": true' for e in INSTRUCTOR_SERVER_EXTENSIONS_ON)
+        + "}}}\n")
     (instructor / "nbgrader_config.py").write_text(
         '"""nbgrader for the instructor on the course hub (written by hub/serve.py): the course folder\'s own '
         'settings, wherever a command starts."""\n\nc = get_config()  # noqa: F821\n'
@@ -188,6 +200,21 @@ def prepare_state(state: Path, course: Path, exchange: Path) -> None:
         f"c.Exchange.root = {str(exchange)!r}\n")
     for folder in (learner, instructor):
         subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+
+
+def _page_config(folder: Path, plugins_off: tuple[str, ...]) -> None:
+    """JupyterLab's page settings for the servers that read ``folder``: ``plugins_off`` disabled."""
+    (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    (folder / "labconfig" / "page_config.json").write_text(
+        '{"disabledExtensions": {' + ", ".join(f'"{p}": true' for p in plugins_off) + "}}\n")
+
+
+def check_idle_culler(timeout: int) -> None:
+    if timeout < 0:
+        raise HubError(f"HUB_IDLE_TIMEOUT={timeout}: give the seconds a server may stay idle (3600), or 0 for never.")
+    if timeout and importlib.util.find_spec("jupyterhub_idle_culler") is None:
+        raise HubError(f"jupyterhub-idle-culler is not installed in {VENV_BIN.parent} (it stops idle servers): run "
+                       "`make venv` (it is in the hub extra), or `make hub HUB_IDLE_TIMEOUT=0` to keep idle servers.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exchange", type=Path, default=Path("/srv/nbgrader/exchange"))
     parser.add_argument("--state", type=Path, default=HUB / "run")
     parser.add_argument("--proxy", type=Path, default=DEFAULT_PROXY)
+    parser.add_argument("--idle-timeout", type=int, default=3600)
     args = parser.parse_args(argv)
     course, exchange, state = args.course.resolve(), args.exchange.resolve(), args.state.resolve()
 
@@ -209,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         raise HubError(f"the proxy is not installed at {args.proxy}: run `make hub`, which installs "
                        "configurable-http-proxy there with npm (`apt-get install npm` if npm is missing).")
     check_port(args.port)
+    check_idle_culler(args.idle_timeout)
     instructor = check_instructor(args.instructor, course)
     check_group(args.group)
     check_venv_for_everyone()
@@ -221,12 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         "COURSE_HUB_STATE": str(state), "COURSE_HUB_COURSE": str(course), "COURSE_HUB_INSTRUCTOR": instructor.pw_name,
         "COURSE_HUB_GROUP": args.group, "COURSE_HUB_EXCHANGE": str(exchange), "COURSE_HUB_PORT": str(args.port),
         "COURSE_HUB_API_PORT": str(free_port()), "COURSE_HUB_PROXY_API_PORT": str(free_port()),
-        "COURSE_HUB_PROXY": str(args.proxy.resolve()),
+        "COURSE_HUB_PROXY": str(args.proxy.resolve()), "COURSE_HUB_IDLE_TIMEOUT": str(args.idle_timeout),
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
     })
+    idle = f"servers idle for {args.idle_timeout} s are stopped" if args.idle_timeout else "idle servers are kept"
     print(f"make hub: JupyterHub for course {course_id(course)!r} at http://127.0.0.1:{args.port}/ "
           f"(instructor {instructor.pw_name!r}, learners: the Unix group {args.group!r}, exchange {exchange}, "
-          f"hub files in {state}). Add a learner: `useradd -m -G {args.group} NAME && passwd NAME`.", flush=True)
+          f"hub files in {state}; {idle}). Add a learner: `useradd -m -G {args.group} NAME && passwd NAME`.", flush=True)
     os.chdir(state)
     command = [str(VENV_BIN / "jupyterhub"), "-f", str(HUB / "jupyterhub_config.py")]
     os.execve(command[0], command, env)

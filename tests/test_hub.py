@@ -15,6 +15,13 @@ all-reduce into the editor is slow and tests nothing of the hub), and the instru
 `python -m autograder collect` (what `make collect` runs) is run as the instructor's Unix
 user, as it would be from a terminal of their server.
 
+What a learner meets, checked on the way: no "official Jupyter news" prompt in anyone's JupyterLab;
+Validate fails a deadlocking ring with its self-check's own message; feedback pages without the
+hidden tests' source, each part's verdict kept; the formgrader's Autograde button grading one
+submission through the course's grading; Manage Students naming each learner from their account
+(the passwd full name, else the login name). A third learner logs in, leaves, and their server is
+stopped by the idle culler (the hub runs with a short ``HUB_IDLE_TIMEOUT``) with their files kept.
+
 Bad input checked here: a learner who submits twice (the later submission is graded, both
 stay in the exchange and in the learner's own cache) and a learner who deleted a test cell
 (grading puts it back and grades it). The isolation between people is asserted by trying,
@@ -64,6 +71,13 @@ PARTS_44 = {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1}
 #: What `make hub` (its own port), JupyterHub (its API port) or the proxy print when a port chosen free
 #: was taken before it was bound: the hub is then started again on other ports.
 PORT_TAKEN = ("is taken", "Address already in use", "EADDRINUSE")
+#: The idle culler's limit for this hub: long enough that servers with a JupyterLab page open (which polls
+#: them) are never idle, short enough that the learner who left is culled while the round trip runs.
+IDLE_TIMEOUT = 180
+#: ann's full name in her account (passwd's GECOS field); ben's account has none.
+FULL_NAME = "Ann Lovelace"
+NEWS = "official Jupyter news"
+ANNOUNCEMENTS = "@jupyterlab/apputils-extension:announcements"
 
 # Rewrites a fetched notebook as its owner: answers by grade_id, some cells deleted. Run with the
 # hub's Python as that Unix user, so the file stays theirs and nothing of root's touches it.
@@ -157,9 +171,10 @@ class Users:
         subprocess.run(["groupadd", self.group], check=True)
         self.group_made = True
 
-    def add(self, role: str, learner: bool) -> str:
+    def add(self, role: str, learner: bool, full_name: str = "") -> str:
         name = f"hub{self.tag}{role}"
-        args = ["useradd", "-m", "-b", str(self.home_root), "-K", "HOME_MODE=0700", "-s", "/bin/bash"]
+        args = ["useradd", "-m", "-b", str(self.home_root), "-K", "HOME_MODE=0700", "-s", "/bin/bash",
+                *(["-c", full_name] if full_name else [])]
         subprocess.run([*args, *(["-G", self.group] if learner else []), name], check=True, capture_output=True)
         self.made.append(name)
         self.passwords[name] = f"pw-{uuid.uuid4().hex[:12]}"
@@ -180,9 +195,9 @@ class Users:
                 pass
         return found
 
-    def processes(self) -> list[int]:
-        """Every process running as one of these users (all of them started by this test's hub)."""
-        uids, pids = self.uids(), []
+    def processes(self, only: str | None = None) -> list[int]:
+        """Every process running as one of these users (all of them started by this test's hub), or as ``only``."""
+        uids, pids = ({_uid(only)} if only else self.uids()), []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -232,7 +247,7 @@ class Hub:
                 self.proc = subprocess.Popen(
                     ["make", "--no-print-directory", "hub", f"HUB_PORT={self.port}", f"HUB_INSTRUCTOR={instructor}",
                      f"HUB_GROUP={users.group}", f"HUB_COURSE={course}", f"HUB_EXCHANGE={self.exchange}",
-                     f"HUB_STATE={self.state}"],
+                     f"HUB_STATE={self.state}", f"HUB_IDLE_TIMEOUT={IDLE_TIMEOUT}"],
                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.url = f"http://127.0.0.1:{self.port}"
             if self._wait_up(300):  # the first `make hub` on a machine may build its venv (about a minute)
@@ -303,7 +318,8 @@ def hub_world():
     try:
         users.add_group()
         instructor = users.add("i", learner=False)
-        learners = [users.add("a", learner=True), users.add("b", learner=True)]
+        learners = [users.add("a", learner=True, full_name=FULL_NAME), users.add("b", learner=True),
+                    users.add("c", learner=True)]
         course = course_copy(work / "course", lessons=[LESSON])
         subprocess.run(["chown", "-R", f"{instructor}:", str(course)], check=True)
         hub = Hub(users, instructor, course, work)
@@ -347,6 +363,15 @@ class Person:
         self.page.click("#login_submit")
         self.page.locator("#jp-main-dock-panel").wait_for(timeout=180 * SECONDS)
         self.lab = LabPage(self.page)
+        config = self.page.evaluate("JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+        assert ANNOUNCEMENTS in json.dumps(config.get("disabledExtensions")), \
+            f"{name}'s JupyterLab may ask about Jupyter news: {config.get('disabledExtensions')}"
+
+    def no_news(self) -> None:
+        """Long after JupyterLab started: no "get notified about official Jupyter news?" toast."""
+        from playwright.sync_api import expect
+
+        expect(self.page.get_by_text(NEWS)).to_have_count(0)
 
     def shot(self, step: str) -> None:
         self.page.screenshot(path=str(self.shots / f"hub-{step}-{self.tag}.png"))
@@ -418,6 +443,7 @@ def learner_round(person: Person, users: Users, answers: dict[str, str], drop: l
     person.shot("3-ranks")
     step(f"{person.name} ran the cells")
 
+    person.no_news()
     person.lab.panel.locator(".jp-NotebookPanel-toolbar jp-button", has_text="Validate").click()
     dialog = page.locator(".jp-Dialog")
     expect(dialog).to_be_visible(timeout=240 * SECONDS)
@@ -459,7 +485,7 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
     from devtools.scratch import RING_ANSWERS, solution_source
 
     users, hub, course = hub_world["users"], hub_world["hub"], hub_world["course"]
-    instructor, (ann, ben) = hub_world["instructor"], hub_world["learners"]
+    instructor, (ann, ben, cas) = hub_world["instructor"], hub_world["learners"]
     solutions = {gid: solution_source(LESSON, gid) for gid in EXERCISES}
     people: list[Person] = []
     try:
@@ -475,6 +501,14 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         step("released")
         outbound = hub.exchange / COURSE_ID / "outbound" / LESSON / f"{LESSON}.ipynb"
         assert outbound.is_file(), f"the Release button put nothing in the exchange ({outbound})"
+        teacher.page.goto(f"{teacher.base}/lab")  # JupyterLab polls the server: the culler sees it in use
+
+        # cas logs in, saves a file and leaves: the idle culler stops her server, and her file stays.
+        leaving = Person(browser, hub, cas, users.passwords[cas], shots, "learner-idle")
+        notes = users.home(cas) / "notes.txt"
+        assert run_as(cas, "sh", "-c", f"echo 'my ring notes' > {notes}").returncode == 0
+        leaving.close()
+        step(f"{cas} left")
 
         # 2. Two learners fetch, answer, run ranks, validate and submit; ann submits twice.
         learner_a = Person(browser, hub, ann, users.passwords[ann], shots, "learner-correct")
@@ -490,10 +524,14 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         learner_round(learner_b, users, {**solutions, EXERCISES[3]: RING_ANSWERS["receive_first"]}, [DELETED_TEST])
         report = learner_b.ranks_errors
         assert "DeadlockError" in report and re.search(r"rank \d waits in recv\(src=\d\)", report), report
-        # Validate runs the visible tests only (the hidden ones decide the grade), so it passes this ring too;
-        # the self-check is what tells the learner, before they submit.
         assert "deadlock" in learner_b.self_check.lower(), learner_b.self_check
-        assert "Validation Results" in learner_b.validated, learner_b.validated
+        # Validate runs the self-checks (autograder/learner/validate.py): the deadlock fails it, with the
+        # self-check's own message naming the waiting rank, found by the ranks' 10 s limit (grading's), not by
+        # the cell's.
+        failed = learner_b.validated
+        assert "The following cell failed" in failed and 'exercise("4.4").self_check(ring_allreduce)' in failed, failed
+        assert re.search(r"rank \d waits in recv\(src=\d\)", failed) and "CellTimeoutError" not in failed, failed
+        assert not re.search(r'exercise\("4\.[123]"\)\.self_check', failed), "a correct answer's self-check failed"
 
         inbound = hub.exchange / COURSE_ID / "inbound"
         mine = {who: sorted(p.name for p in inbound.iterdir() if p.name.startswith(f"{who}+{LESSON}+"))
@@ -525,6 +563,21 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         again = run_as(instructor, str(hub_python()), "-m", "autograder", "grade", "autograder/submitted",
                        "--only-ungraded", "--jobs", "1", env=env, cwd=course, timeout=300)
         assert again.returncode == 0 and "2 submissions already graded" in again.stdout, again.stdout + again.stderr
+
+        # The formgrader's Autograde button grades one submission through the course's grading (sandbox, clean
+        # re-grade: autograder/grading/formgrader.py), not with nbgrader's plain autograde in the server.
+        teacher.page.goto(f"{teacher.base}/formgrader/manage_submissions/{LESSON}")
+        teacher.page.locator("tr", has_text=ben).locator("td.autograde a").click()
+        modal = teacher.page.locator("#success-modal, #error-modal")
+        expect(modal).to_be_visible(timeout=300 * SECONDS)
+        said = modal.inner_text()
+        assert f"Successfully autograded '{LESSON}' for student '{ben}'" in said and "sandbox" in said, said[-3000:]
+        teacher.shot("5-autograde-button")
+        step("autograde button")
+        record = json.loads((course / "autograder" / "grading-run.json").read_text())
+        assert record["sandbox"] is True and [r["student"] for r in record["submissions"]] == [ben], record
+        assert record["submissions"][0]["score"] == scores[ben], record["submissions"][0]
+        teacher.page.goto(f"{teacher.base}/lab")
         for who in (ann, ben):
             assert (course / "autograder" / "submitted" / who / LESSON / f"{LESSON}.ipynb").is_file()
             assert (course / "autograder" / "submitted" / who / LESSON / "submission_secret.txt").is_file()
@@ -556,6 +609,8 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
             for part, points in PARTS_44.items():
                 verdict = f'Exercise 4\\.4, part "{part}": ' + verdicts[person].format(p=points)
                 assert re.search(verdict, text), f"{person.name}'s feedback lacks the verdict /{verdict}/"
+            shown = [words for words in ("HIDDEN TESTS", "autograder.hidden", 'grade("4.4"') if words in text]
+            assert not shown, f"{person.name}'s feedback shows the hidden tests' source: {shown}"
         text = learner_b.page.locator("body").inner_text()
         assert "deadlocked" in text and re.search(r"rank \d waits in recv", text), "the feedback does not say who waited"
 
@@ -564,6 +619,10 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         table = teacher.page.get_by_role("grid")
         for who in (ann, ben):
             expect(table.locator("tr", has_text=who)).to_contain_text(f"{scores[who]:g}")
+        # ... named from their accounts: ann's full name, ben's login name (his account has none); never "None".
+        first, last = FULL_NAME.split()
+        expect(table.locator("tr", has_text=ann).locator("td.name")).to_have_text(f"{last}, {first}")
+        expect(table.locator("tr", has_text=ben).locator("td.name")).to_have_text(re.compile(rf"^{ben},\s*$"))
         teacher.shot("9-gradebook")
         step("gradebook")
 
@@ -587,6 +646,16 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
             results = json.loads(tried.stdout)
             readable = [what for what, path in paths.items() if results[path] == "read"]
             assert not readable, f"{who} could read {readable}"
+
+        # 7. cas's server, idle since she left, was stopped by the idle culler; her file is where she left it.
+        for person in (teacher, learner_a):
+            person.page.goto(f"{person.base}/lab")
+            person.no_news()
+        assert wait_until(lambda: not users.processes(cas), IDLE_TIMEOUT + 120, interval=2), \
+            f"{cas}'s server still runs, idle, {IDLE_TIMEOUT} s past the culler's limit: {users.processes(cas)}"
+        assert f"Culling server {cas}" in hub.output(), hub.output()[-3000:]
+        assert notes.read_text() == "my ring notes\n"
+        assert users.processes(ann) and users.processes(instructor), "servers in use were culled"
     finally:
         for person in people:
             person.close()

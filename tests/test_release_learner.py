@@ -121,7 +121,7 @@ def test_learner_makefile_builds_the_venv_and_starts_the_lab(release):
 def test_validate_allows_each_cell_as_long_as_grading_does(release, tmp_path):
     """Does the Validate button, run from the release (its server's folder, as `make lab` starts it),
     give nbgrader's Execute the same per-cell limits as grading reads from nbgrader_config.py, which
-    differ from nbgrader's defaults (30 s a cell)?"""
+    differ from nbgrader's defaults (30 s a cell), and the hook that makes a failed self-check fail Validate?"""
     from nbgrader.preprocessors import Execute
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -134,11 +134,15 @@ def test_validate_allows_each_cell_as_long_as_grading_does(release, tmp_path):
         "config = ValidateAssignmentHandler.load_config(None)  # the button's own reading of the settings\n"
         "execute = Execute(parent=Validator(config=config))\n"
         f"print(json.dumps({{n: getattr(execute, n) for n in {names!r}}}))\n"
+        "hook = execute.on_cell_error\n"
+        "print(json.dumps(hook and f'{hook.__module__}.{hook.__name__}'))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=release, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path), "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr[-3000:]
-    validate = json.loads(done.stdout.strip().splitlines()[-1])
+    validate = json.loads(done.stdout.strip().splitlines()[-2])
+    # ... and makes a failed self-check fail Validate (tests/test_hub.py sees it in the browser).
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == "autograder.learner.validate.self_checks_count"
     grading = Execute(config=PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config())
     assert validate == {n: getattr(grading, n) for n in names}
     assert validate != {n: getattr(Execute(), n) for n in names}, "grading uses nbgrader's defaults: test nothing"

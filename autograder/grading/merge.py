@@ -25,7 +25,7 @@ from typing import Any
 from .task import Files, Graded, Unfinished, read_files, write_files
 from .workfolder import Job
 
-__all__ = ["feedback", "take", "rows", "merge", "KINDS"]
+__all__ = ["feedback", "take", "rows", "merge", "KINDS", "account_name"]
 
 #: What grading makes per submission, as folders <kind>/<student>/<lesson>/ under autograder/.
 KINDS = ("autograded", "feedback")
@@ -74,6 +74,24 @@ def rows(db: Path, lesson: str, student: str) -> dict[str, Any]:
             for nb in sub.notebooks]}
 
 
+def account_name(student: str) -> tuple[str, str]:
+    """(first name, last name) for the formgrader: the Unix account's full name (the passwd GECOS field), else
+    the student id, the name the learner logs in to the hub with (their account has no full name, or they
+    are not a user of this machine, as on Kubernetes or with handed-in archives).
+
+    >>> account_name("no-such-account-here")
+    ('', 'no-such-account-here')
+    """
+    import pwd
+
+    try:
+        full = pwd.getpwnam(student).pw_gecos.split(",")[0].strip()
+    except KeyError:
+        full = ""
+    first, _, last = full.rpartition(" ")
+    return (first.strip(), last) if last else ("", student)
+
+
 def merge(graded: Graded, work: Path) -> None:
     """Write a graded submission into the course at ``work`` (autograder/): gradebook rows, notebook, feedback.
 
@@ -83,7 +101,10 @@ def merge(graded: Graded, work: Path) -> None:
 
     student, lesson, made = graded.student, graded.lesson, graded.gradebook
     with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
-        gb.update_or_create_student(student)
+        known = gb.update_or_create_student(student)
+        if known.first_name is None and known.last_name is None:  # never a name an instructor typed in
+            known.first_name, known.last_name = account_name(student)
+            gb.db.commit()
         try:
             gb.remove_submission(lesson, student)
         except MissingEntry:

@@ -118,10 +118,14 @@ def learner_nbgrader_config(limits: dict[str, dict[str, Any]]) -> str:
         "Validate (the button in a notebook's toolbar, or `nbgrader validate NOTEBOOK`) reads this\n"
         "file from the folder JupyterLab was started in: this one, with `make lab`. Written by\n"
         "`python -m autograder release` from the instructor's nbgrader_config.py, so Validate lets\n"
-        "each cell run as long as grading does.\n"
+        "each cell run as long as grading does, and a self-check that fails makes Validate fail\n"
+        "(autograder/learner/validate.py).\n"
         '"""\n\n'
         "c = get_config()  # noqa: F821 - provided by nbgrader's config loader\n\n"
         + "".join(f"{line}\n" for line in lines)
+        + "\ntry:\n    from autograder.learner.validate import self_checks_count\n"
+        "except ImportError:  # the course's packages are not importable here: Validate runs without the self-checks\n"
+        "    pass\nelse:\n    c.Execute.on_cell_error = self_checks_count\n"
     )
 
 
