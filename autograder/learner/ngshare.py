@@ -36,4 +36,5 @@ def use_ngshare(c, url: str) -> None:
                           "minute, or ask your instructor.")
 
     ngshare_exchange.configureExchange(c, url)
+    c.Exchange.pop("root", None)  # the shared folder's setting: ngshare's classes have none, and would warn
     c.ExchangeFactory.submit = CheckedSubmit
