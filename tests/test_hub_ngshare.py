@@ -265,7 +265,8 @@ def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
     theirs = people.http(ben, "GET", f"feedback/{COURSE_ID}/{LESSON}/{ann}", params={"timestamp": stamps[ann]})
     assert theirs.status_code == 403, theirs.text[:300]
     posing = people.nbgrader(ben, "fetch_feedback", LESSON, JUPYTERHUB_USER=ann)
-    assert "Permission denied" in _out(posing) and not (people.home(ben) / LESSON / "feedback").exists(), _said(posing)
+    got = [p.name for p in (people.home(ben) / LESSON).rglob("*.html")]
+    assert "Permission denied" in _out(posing) and not got, f"{got}\n{_said(posing)}"
 
     # 6. Each learner fetches their own feedback: each part's verdict, no hidden tests' source.
     verdicts = {ann: "passed \\({p} of {p} points?\\)", ben: "0 of {p} points?"}
