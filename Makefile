@@ -164,6 +164,11 @@ HUB_PROXY      := hub/.proxy/node_modules/.bin/configurable-http-proxy
 # packages when both Pythons have the same minor version (hub/venv.py, seconds), else with pip
 # (about a minute).
 HUB_PYTHON     ?= /usr/bin/python3
+# nbgrader's exchange: folder (a shared folder, Unix rights) or ngshare (a hub service; every server may
+# be the same Unix user, as on Kubernetes). ngshare-exchange pins jupyter-core<4.11.2, which JupyterLab 4
+# cannot meet, hence --no-deps (hub/ngshare_service.py and docs/instructors.md say what was checked).
+EXCHANGE       ?= folder
+NGSHARE_PACKAGES = ngshare==0.6.0 ngshare-exchange==0.5.3
 HUB_VENV       ?= $(if $(shell runuser -u nobody -- $(VENV_PY) -c pass >/dev/null 2>&1 && echo yes),$(VENV),.venv-hub)
 
 $(HUB_PROXY):
@@ -177,7 +182,9 @@ hub: $(HUB_PROXY)
 	@if [ "$(HUB_VENV)" != "$(VENV)" ] && [ ! -e "$(HUB_VENV)" ] && [ -e "$(STAMP)" ]; then \
 	  $(HUB_PYTHON) hub/venv.py $(VENV) $(HUB_VENV) || [ $$? = 3 ]; fi
 	@$(MAKE) --no-print-directory venv VENV=$(HUB_VENV) $(if $(filter-out $(VENV),$(HUB_VENV)),PYTHON=$(HUB_PYTHON))
-	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY) --idle-timeout $(HUB_IDLE_TIMEOUT)
+	@if [ "$(EXCHANGE)" = ngshare ] && ! $(HUB_VENV)/bin/python -c "import ngshare, ngshare_exchange" 2>/dev/null; then \
+	  $(HUB_VENV)/bin/python -m pip install --no-deps $(NGSHARE_PACKAGES); fi
+	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY) --idle-timeout $(HUB_IDLE_TIMEOUT) --exchange-kind $(EXCHANGE)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.
 instructor: venv

@@ -29,6 +29,11 @@ c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "autograder", "grad
 # or the one the course's JupyterHub uses (hub/serve.py sets COURSE_EXCHANGE for the instructor).
 if os.environ.get("COURSE_EXCHANGE"):
     c.Exchange.root = os.environ["COURSE_EXCHANGE"]
+# ... or over HTTP, ngshare as a service of the hub (`make hub EXCHANGE=ngshare`; hub/ngshare_service.py).
+if os.environ.get("COURSE_NGSHARE_URL"):
+    from autograder.learner.ngshare import use_ngshare
+
+    use_ngshare(c, os.environ["COURSE_NGSHARE_URL"])
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "README.md"]
 
 # Learner notebooks keep the lessons' pictures out of git: generate_assignment must not

@@ -19,6 +19,8 @@ the course's choices only:
 - Single-user servers start through hub/spawner.py's CourseSpawner, which closes
   LocalProcessSpawner's port race.
 - Everything listens on 127.0.0.1 only.
+- With ``COURSE_HUB_NGSHARE_URL`` (`make hub EXCHANGE=ngshare`), nbgrader's exchange is ngshare, a
+  hub service, with a roster service that enrols the hub's users (hub/ngshare_service.py).
 """
 
 import os
@@ -92,7 +94,8 @@ def _environment(spawner):
     if spawner.user.name == INSTRUCTOR:
         # VENV: `make collect` and `make grade` in the instructor's terminals use the venv the hub runs.
         return {**base, "COURSE_ROOT": COURSE, "VENV": os.path.dirname(VENV_BIN),
-                "JUPYTER_CONFIG_PATH": os.path.join(STATE, "instructor-config")}
+                "JUPYTER_CONFIG_PATH": os.path.join(STATE, "instructor-config"),
+                "COURSE_NGSHARE_URL": env.get("COURSE_HUB_NGSHARE_URL", "")}
     return {**base, "PYTHONPATH": os.path.join(STATE, "learner-course"),
             "JUPYTER_CONFIG_PATH": os.path.join(STATE, "learner-config")}
 
@@ -106,3 +109,12 @@ def _pre_spawn(spawner):
 
 
 c.Spawner.pre_spawn_hook = _pre_spawn
+
+# -- nbgrader's exchange over HTTP (make hub EXCHANGE=ngshare): ngshare and its roster as services --
+if env.get("COURSE_HUB_NGSHARE_URL"):
+    from ngshare_service import hub_services  # noqa: E402 - hub/ngshare_service.py, next to this file
+
+    _services, _roles = hub_services(sys.executable, STATE, INSTRUCTOR, env["COURSE_HUB_COURSE_ID"],
+                                     int(env["COURSE_HUB_NGSHARE_PORT"]))
+    c.JupyterHub.services.extend(_services)
+    c.JupyterHub.load_roles.extend(_roles)

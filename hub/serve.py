@@ -2,7 +2,7 @@
 
     sudo make hub [HUB_PORT=8000] [HUB_INSTRUCTOR=teacher] [HUB_GROUP=course-learners]
                   [HUB_COURSE=/path/to/this/repository] [HUB_EXCHANGE=/srv/nbgrader/exchange]
-                  [HUB_IDLE_TIMEOUT=3600]
+                  [HUB_IDLE_TIMEOUT=3600] [EXCHANGE=folder|ngshare]
 
 It checks what the hub needs and stops with the next step when something is missing, prepares
 the folders, then replaces itself with ``jupyterhub -f hub/jupyterhub_config.py`` (Ctrl-C or
@@ -15,7 +15,9 @@ SIGTERM stops the hub and every user's server). Steps:
 2. closes the course folder to other users (``chmod -R o-rwx``, except the venvs and hub/):
    learners log in on this machine and must not read the solutions, the hidden tests or the
    gradebook;
-3. the exchange folder, writable by everyone (nbgrader's shared-folder exchange);
+3. the exchange folder, writable by everyone (nbgrader's shared-folder exchange); or, with
+   ``EXCHANGE=ngshare``, nbgrader's exchange over HTTP: ngshare as a hub service, and every server's
+   nbgrader configured for it (hub/ngshare_service.py), for hubs whose servers share one Unix user;
 4. the hub's own folder (``HUB_STATE``, default hub/run/, readable by root only) with the
    learner release (``python -m autograder release``: the helpers and the self-checks, no
    answers) and the nbgrader and Jupyter settings of learners and of the instructor.
@@ -217,6 +219,15 @@ def check_idle_culler(timeout: int) -> None:
                        "`make venv` (it is in the hub extra), or `make hub HUB_IDLE_TIMEOUT=0` to keep idle servers.")
 
 
+def check_ngshare() -> None:
+    missing = [name for name in ("ngshare", "ngshare_exchange") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise HubError(f"EXCHANGE=ngshare needs {' and '.join(missing)} in {VENV_BIN.parent}: `make hub EXCHANGE=ngshare` "
+                       f"installs them (`{VENV_BIN / 'python'} -m pip install --no-deps ngshare==0.6.0 "
+                       "ngshare-exchange==0.5.3`; --no-deps: ngshare-exchange asks for jupyter-core<4.11.2, which "
+                       "JupyterLab 4 cannot run with, and works with jupyter_core 5).")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8000)
@@ -227,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, default=HUB / "run")
     parser.add_argument("--proxy", type=Path, default=DEFAULT_PROXY)
     parser.add_argument("--idle-timeout", type=int, default=3600)
+    parser.add_argument("--exchange-kind", choices=("folder", "ngshare"), default="folder")
     args = parser.parse_args(argv)
     course, exchange, state = args.course.resolve(), args.exchange.resolve(), args.state.resolve()
 
@@ -242,8 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     check_group(args.group)
     check_venv_for_everyone()
     close_course(course)
-    make_exchange(exchange)
+    ngshare_url = f"http://127.0.0.1:{args.port}/services/ngshare" if args.exchange_kind == "ngshare" else ""
+    if ngshare_url:
+        check_ngshare()
+    else:
+        make_exchange(exchange)
     prepare_state(state, course, exchange)
+    if ngshare_url:  # every server's nbgrader: the learners' settings here, the instructor's from COURSE_NGSHARE_URL
+        with open(state / "learner-config" / "nbgrader_config.py", "a") as config:
+            config.write(f"\nfrom autograder.learner.ngshare import use_ngshare  # noqa: E402\n\n"
+                         f"use_ngshare(c, {ngshare_url!r})\n")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_HUB_")}
     env.update({
@@ -253,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         "COURSE_HUB_PROXY": str(args.proxy.resolve()), "COURSE_HUB_IDLE_TIMEOUT": str(args.idle_timeout),
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
     })
+    if ngshare_url:
+        env.update({"COURSE_HUB_NGSHARE_URL": ngshare_url, "COURSE_HUB_NGSHARE_PORT": str(free_port()),
+                    "COURSE_HUB_COURSE_ID": course_id(course)})
+    where = f"exchange {ngshare_url} (ngshare)" if ngshare_url else f"exchange {exchange}"
     idle = f"servers idle for {args.idle_timeout} s are stopped" if args.idle_timeout else "idle servers are kept"
     print(f"make hub: JupyterHub for course {course_id(course)!r} at http://127.0.0.1:{args.port}/ "
-          f"(instructor {instructor.pw_name!r}, learners: the Unix group {args.group!r}, exchange {exchange}, "
+          f"(instructor {instructor.pw_name!r}, learners: the Unix group {args.group!r}, {where}, "
           f"hub files in {state}; {idle}). Add a learner: `useradd -m -G {args.group} NAME && passwd NAME`.", flush=True)
     os.chdir(state)
     command = [str(VENV_BIN / "jupyterhub"), "-f", str(HUB / "jupyterhub_config.py")]
