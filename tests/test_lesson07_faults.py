@@ -218,10 +218,26 @@ def test_every_rank_saving_to_one_file_loses_atomic_naming_it(tmp_path):
 
 
 def test_marking_a_checkpoint_complete_without_a_barrier_loses_atomic_naming_the_barrier(tmp_path):
-    """When every rank writes its own file and rank 0 renames the folder without waiting at a barrier, does the
-    process killed while writing its file cost 'atomic', the feedback naming the missing barrier?"""
-    source = EVERY_RANK_ITS_FILE.replace('''            dist.barrier()
-            if rank == 0:''', '''            if rank == 0:''')
+    """When every rank writes its own file and rank 0 marks the checkpoint complete (a DONE file it renames into
+    place) without waiting at a barrier, does the process killed while writing its file cost 'atomic', the feedback
+    naming the missing barrier?
+
+    The mark is a file in the folder, not the folder renamed: renaming the folder without a barrier could also take
+    it away from under a slower rank about to open its file, which then crashes at a checkpoint before the planned
+    fault (a different mistake's symptom, which made this test fail now and then under load)."""
+    source = EVERY_RANK_ITS_FILE
+    for old, new in (
+            ('done = sorted(n for n in os.listdir(CKPT_DIR) if not n.endswith(".tmp"))',
+             'done = sorted(n for n in os.listdir(CKPT_DIR) if os.path.exists(os.path.join(CKPT_DIR, n, "DONE")))'),
+            ('tmp = os.path.join(CKPT_DIR, f"step-{step + 1:06d}.tmp")',
+             'tmp = os.path.join(CKPT_DIR, f"step-{step + 1:06d}")'),
+            ('''            dist.barrier()
+            if rank == 0:
+                os.rename(tmp, tmp[:-4])''', '''            if rank == 0:
+                open(os.path.join(tmp, "DONE.tmp"), "w").close()
+                os.replace(os.path.join(tmp, "DONE.tmp"), os.path.join(tmp, "DONE"))''')):
+        assert old in source, old
+        source = source.replace(old, new)
     verdicts = _grades(_answer(tmp_path, "no_barrier", source), ("atomic",))
     assert "call dist.barrier() before marking the newest checkpoint complete" in verdicts["atomic"], verdicts
 
