@@ -190,8 +190,8 @@ def report(result: dict, watch: dict) -> None:
           f"{peak['pss_peak_mb']} MB, the machine's used memory up {peak['used_rise_mb']} MB; "
           f"{peak['processes_peak']} processes")
     print(f"CPU while the class ran: {peak['cpu_s']} s in {peak['wall_s']} s ({peak['busy_mean']} cores busy on "
-          f"average, {peak['busy_peak_5s']} over the busiest 5 s; the whole machine {peak['machine_busy_mean']} cores, others' "
-          "work and the learners' clients included)")
+          f"average; the whole machine, others' work and the learners' clients included, {peak['machine_busy_mean']} "
+          f"cores on average and {peak['machine_busy_peak_5s']} over its busiest 5 s)")
     held = result["open_lesson_pss_mb"]
     if held:
         print(f"a learner with the lesson run and still open (server, kernel, rank factory): PSS {held['median']} MB "
