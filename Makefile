@@ -28,7 +28,7 @@ PIP_FLAGS   ?= -q
 VENV_PY := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-ddp bench-ring bench-plan course grade instructor release site clean-venv
+.PHONY: venv lab test soak hub collect test-compat bench bench-hub bench-cluster bench-output bench-trace bench-grading bench-class bench-class-hub bench-ddp bench-ring bench-plan course grade instructor release site clean-venv
 
 venv: $(STAMP)
 
@@ -108,6 +108,9 @@ test-compat:
 #   bench-class    a class of 30 lesson-04 submissions graded with JOBS=1 and JOBS=2: time, speed-up, same scores
 #   bench-grading  seconds to autograde one learner's submission of each lesson
 #   bench-hub      one learner's server on the hub running lesson 04: memory and CPU (hub_bench.py)
+#   bench-class-hub a class of LEARNERS on `make hub` (root): fetch, run and submit lesson 04 within SPREAD
+#                  seconds, then collect and grade (JOBS); peak memory and CPU, each step's slowest learner,
+#                  nothing lost (hub_class_bench.py; figures also in BENCH_JSON)
 #   bench-plan     lesson 12: the planner against measurement, the collective model on held-out sizes (plan_bench.py)
 # bench-NAME runs bench/NAME_bench.py.
 BENCHES := bench-cluster bench-output bench-trace bench-ddp bench-ring bench-class bench-grading bench-hub bench-plan
@@ -117,6 +120,13 @@ bench: venv
 
 $(BENCHES): bench-%: venv
 	$(VENV_PY) bench/$*_bench.py
+
+LEARNERS   ?= 30
+BROWSERS   ?= 3
+SPREAD     ?= 60
+BENCH_JSON ?= bench-class-hub.json
+bench-class-hub: venv
+	$(VENV_PY) bench/hub_class_bench.py --learners $(LEARNERS) --browsers $(BROWSERS) --spread $(SPREAD) --jobs $(or $(JOBS),2) --json $(BENCH_JSON)
 
 # Instructor: regenerate the learner notebooks in course/ from solutions/.
 course: venv
