@@ -38,14 +38,18 @@ def worker_group(module: str) -> str:
     """What runs whole on one pytest-xdist worker: a test module (its module fixtures, a
     kernel, a lab, a release, are made once), except that the grading end-to-end modules
     and tests/test_release_learner.py share one worker, which grades all their learners together
-    (``graded_class``), and the two
-    modules that start `make instructor` in the checkout share another."""
+    (``graded_class``), the two modules that start `make instructor` in the checkout share another,
+    and the two that start `make hub` a third."""
     if module.startswith("test_grading_e2e") or module == "test_release_learner":
         # Every module that hands learners in to graded_class (a session fixture: each worker that asks for it
         # grades the whole class once more) goes to the one worker that grades them.
         return "graded-class"
     # Both start `make instructor`, whose formgrader makes (and the tests then remove) the checkout's gradebook.
-    return "test_browser" if module == "test_start_routes" else module
+    if module == "test_start_routes":
+        return "test_browser"
+    # Both run `make hub`, which builds the checkout's .venv-hub when it is missing (and EXCHANGE=ngshare installs
+    # into it): two at once would build or change it under each other.
+    return "test_hub" if module == "test_hub_ngshare" else module
 
 
 def pytest_collection_modifyitems(config, items):

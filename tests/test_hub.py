@@ -71,9 +71,10 @@ PARTS_44 = {"correct": 4, "point_to_point": 2, "bandwidth": 3, "no_hang": 1}
 #: What `make hub` (its own port), JupyterHub (its API port) or the proxy print when a port chosen free
 #: was taken before it was bound: the hub is then started again on other ports.
 PORT_TAKEN = ("is taken", "Address already in use", "EADDRINUSE")
-#: The idle culler's limit for this hub: long enough that servers with a JupyterLab page open (which polls
-#: them) are never idle, short enough that the learner who left is culled while the round trip runs.
-IDLE_TIMEOUT = 180
+#: The idle culler's limit for this hub: servers with a JupyterLab page open are never idle (the page polls them
+#: through the proxy, whose record the hub reads every sixth of the limit), and the learner who left just after
+#: the release (about 130 s before the round trip ends, more on a busy machine) is culled before it ends.
+IDLE_TIMEOUT = 90
 #: ann's full name in her account (passwd's GECOS field); ben's account has none.
 FULL_NAME = "Ann Lovelace"
 NEWS = "official Jupyter news"
