@@ -186,7 +186,8 @@ def test_dev_extra_covers_course_test_and_grading():
     learner = _req_map(project["dependencies"] + project["optional-dependencies"]["course"])
     assert not set(grading) & set(learner), "the grading engine is the instructor's, not a learner's"
     hub = _req_map(project["optional-dependencies"]["hub"])
-    assert set(hub) == {"jupyterhub"} and not set(hub) & set(learner), "JupyterHub is the instructor's, not a learner's"
+    assert set(hub) == {"jupyterhub", "jupyterhub-idle-culler"} and not set(hub) & set(learner), \
+        "JupyterHub (and its idle culler) is the instructor's, not a learner's"
 
 
 # --------------------------------------------------------------------------- (b) make test / CI
