@@ -232,3 +232,82 @@ def test_the_examples_of_the_modules_that_take_a_plan_run_with_the_course_plan(m
                                                                           "plan_traffic": plan_traffic},
                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+# -- section 7's torch route: the small model as nn.Modules, DTensor tp and FSDP2 on real gloo ranks ----------------
+
+def _small():
+    from helpers.plan import Model
+
+    return Model("small", vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, ffn=176, seq=32, batch=8)
+
+
+def test_the_module_model_equals_the_course_pieces_on_one_process():
+    """Does helpers.llama_modules.Llama, loaded with full_weights, give helpers.llama's loss and every weight's gradient?"""
+    import doctest
+
+    import torch
+
+    import helpers.llama_modules as modules
+    from helpers.plan import Layout
+    from helpers.planrun import batch_of
+    from helpers.shard import Shard, full_weights
+
+    result = doctest.testmod(modules, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0, result
+    model = _small()
+    ids = batch_of(model, seed=0)
+    weights = {k: v.clone().requires_grad_() for k, v in full_weights(model, seed=0).items()}
+    theirs = Shard(model, Layout(precision="fp32"), 0).loss(weights, ids[:, :-1], ids[:, 1:])
+    theirs.backward()
+    net = modules.Llama(model).load(full_weights(model, seed=0))
+    ours = net.loss(ids[:, :-1], ids[:, 1:])
+    ours.backward()
+    assert abs(ours.item() - theirs.item()) < 1e-5, (ours.item(), theirs.item())
+    grads = {name: p.grad for name, p in zip(net.weights(), net.parameters())}
+    worst = max((grads[k] - w.grad).abs().max().item() for k, w in weights.items())
+    assert worst < 1e-6, f"largest gradient difference {worst:.1e}"
+    assert set(net.weights()) == set(weights)
+
+
+def test_the_module_model_refuses_weights_of_another_model():
+    """Does Llama.load say which weights do not fit, rather than load part of them?"""
+    from helpers.llama_modules import Llama
+    from helpers.shard import full_weights
+
+    model = _small()
+    with pytest.raises(KeyError, match="layers.4"):
+        Llama(model).load(full_weights(model.with_(layers=5), seed=0))
+
+
+def _torch_route_missing():
+    from helpers.planrun_torch import missing
+
+    return missing()
+
+
+@pytest.mark.skipif(_torch_route_missing() is not None, reason=str(_torch_route_missing()))
+def test_the_torch_route_equals_one_process_and_its_traffic_differs_from_the_plan_where_the_lesson_says():
+    """Does DTensor tp 2 x FSDP2 dp 2 on 4 gloo ranks end 3 AdamW steps at one process's loss and weights (1e-4), with the
+    plan's optimizer shards and reduce-scatters, two thirds of its tp all-gathers and one head unit fewer dp all-gathers?"""
+    from autograder.answers.lesson12 import plan_memory, plan_traffic
+    from helpers.planrun import one_process
+    from helpers.planrun_torch import measure_torch
+
+    model = _small()
+    run = measure_torch(model, dp=2, tp=2, steps=3)
+    loss, weights = one_process(model, steps=3)
+    assert abs(run.loss - loss) <= 1e-4, (run.loss, loss)
+    worst = max((run.weights[k] - w).abs().max().item() for k, w in weights.items())
+    assert worst <= 1e-4, f"largest weight difference {worst:.1e}"
+    memory, traffic = plan_memory(model, run.layout)[0], plan_traffic(model, run.layout)[0]
+    assert all(m["optimizer"] == memory["optimizer"] for m in run.memory), (run.memory, memory)
+    unit = (model.hidden + model.vocab * model.hidden // 2) * 4 // 2      # the head unit's shard: tp 2, then dp 2
+    for rank, sent in enumerate(run.traffic):
+        for key in (("reduce_scatter", "dp"), ("reduce_scatter", "tp"), ("all_reduce", "tp")):
+            assert sent[key] == traffic[key], (rank, key, sent, traffic)
+        # the plan's tp all-gathers: forward's, forward's again in backward (the column-parallel linears' inputs),
+        # and backward's of every reduce-scatter; torch keeps the gathered inputs and skips the middle third
+        assert sent[("all_gather", "tp")] == traffic[("all_gather", "tp")] * 2 / 3, (rank, sent, traffic)
+        assert sent[("all_gather", "dp")] == traffic[("all_gather", "dp")] - unit, (rank, sent, traffic)
+    assert "Shard(dim=1)" in run.placements["layers.0.attention.wo.weight"], run.placements
