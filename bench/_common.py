@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-__all__ = ["loadavg", "machine", "machine_line", "stats", "CpuWatch", "NOISY_SHARE", "say", "parse_args", "save_json"]
+__all__ = ["loadavg", "machine", "machine_line", "stats", "CpuWatch", "NOISY_SHARE", "say", "parse_args", "save_json",
+           "process_tree"]
 
 
 def stats(samples: list[float]) -> dict:
@@ -159,4 +160,19 @@ def save_json(path: str, data: dict) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(k) for k in f.read().split())
+        except OSError:
+            continue
     return out

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import requests
 
-from _common import CpuWatch, say
+from _common import CpuWatch, process_tree, say
 
 COURSE_ID = "distributed-pytorch"
 STEPS = ("spawn", "fetch", "run", "submit", "close", "feedback")
@@ -425,19 +425,6 @@ def _stat(pid: int) -> tuple[float, float, int] | None:
     return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick, int(fields[21]) * PAGE
 
 
-def _tree(root: int) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            for tid in Path(f"/proc/{pid}/task").iterdir():
-                todo.extend(int(k) for k in (tid / "children").read_text().split())
-        except OSError:
-            continue
-    return out
-
-
 def user_pss(name: str) -> int:
     """PSS in bytes of every process of the Unix user ``name``."""
     import pwd
@@ -505,7 +492,7 @@ class Watch(threading.Thread):
             self._end.wait(TICK_S)
 
     def _sample(self, pss: bool) -> dict:
-        tree, theirs = set(_tree(self.root)), set(self.users.processes())
+        tree, theirs = set(process_tree(self.root)), set(self.users.processes())
         pids = tree | theirs
         cpu, rss, groups, total_pss = 0.0, 0, {"hub": 0, "servers": 0, "kernels": 0}, 0
         for pid in pids:

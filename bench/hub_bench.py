@@ -35,25 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import machine_line  # noqa: E402
+from _common import machine_line, process_tree as tree  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo.extend(int(k) for k in f.read().split())
-        except OSError:
-            continue
-    return out
 
 
 def sample(pids: list[int]) -> tuple[dict[int, float], int, int]:
