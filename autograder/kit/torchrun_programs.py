@@ -59,8 +59,15 @@ def _program_text(fn) -> str:
 # drops those references while Python is whole: the threads end and the process exits cleanly.
 # The script runs under torch's own ``@record``, so its exception also reaches the agent's report.
 WRAPPER = """\
-import argparse, atexit, faulthandler, json, os, runpy, sys, time, traceback
+import argparse, atexit, faulthandler, json, os, runpy, signal, sys, time, traceback
 """ + _program_text(clip) + """
+# Forked from its agent (--start-method=fork), this process inherited the agent's Python handlers for SIGTERM and
+# the like. Python runs a handler only between bytecodes, so a rank blocked in C++ (waiting in init_process_group for
+# a peer that died) ignored the agent's SIGTERM until its SIGKILL 30 s later. A fresh process, as plain torchrun
+# starts, has the default: the signal ends it at once. The script's own handlers, set later, still apply.
+for _sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    if getattr(signal.getsignal(_sig), "__module__", "").startswith("torch.distributed.elastic"):
+        signal.signal(_sig, signal.SIG_DFL)
 LOG = os.environ["COURSE_GRADING_LOG"]
 RANK = os.environ.get("RANK", "?")
 ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
