@@ -1,12 +1,21 @@
 """The instructor workflow end to end, with the real nbgrader: release, submit, autograde, feedback, export.
 
-A temporary copy of the course (COURSE_ROOT) receives seven learners' versions of lesson 04
-(its four exercises, from the chunk schedule to the ring all-reduce), one learner's
-version of lesson 03, and two of lesson 02 (the instructor's ring sum, and the same ring sum
-followed by code that tries to leave its folder), and is graded with `python -m autograder grade`,
-the command the instructors' guide (docs/instructors.md, "Grading with nbgrader") gives. (That the solution notebooks' hidden tests pass is also checked,
-faster, by tests/test_notebooks.py; here one lesson-03 learner is enough. A ring sum worked out
-alone behind dummy messages is decided by the clean re-grade alone in tests/test_regrade_02.py.)
+A temporary copy of the course (COURSE_ROOT) receives five learners' versions of lesson 04
+(its four exercises, from the chunk schedule to the ring all-reduce), two of lesson 03, one of
+lesson 01, and two of lesson 02 (the instructor's ring sum, and the same ring sum followed by
+code that tries to leave its folder), and is graded with `python -m autograder grade`, the
+command the instructors' guide (docs/instructors.md, "Grading with nbgrader") gives.
+
+Every notebook costs a whole grading run, so one learner carries more than one case where
+the cases cannot hide each other: alice hands in the instructor's answers with one test cell
+deleted and another rewritten to pass (full marks prove both the answers and the restored
+cells), and carol's built-in collectives come with lines that patch the grading in her kernel
+(she must still earn only what the built-ins earn). alice's lessons 01 and 03 are the
+instructor's answers: with the other modules' learners (tests/test_grading_e2e_05.py to
+_12.py, tests/test_release_learner.py) every lesson's hidden tests pass on its solution here,
+which tests/test_notebooks.py leaves to this run (it runs the notebooks without them, as a
+learner's runs). A ring sum worked out alone behind dummy messages is decided by the clean
+re-grade alone in tests/test_regrade_02.py.
 """
 
 from __future__ import annotations
@@ -29,10 +38,12 @@ RECEIVE_FIRST = RING_ANSWERS["receive_first"]
 LESSON = "04-ring-all-reduce"
 LESSON03 = "03-collectives"
 LESSON02 = "02-point-to-point"
+LESSON01 = "01-processes-and-ranks"
 ROOT = Path(__file__).resolve().parent.parent
-LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin", "frank", "mallory"}
-LESSON03_LEARNERS = {"carol"}
+LESSON04_LEARNERS = {"alice", "bob", "carol", "dave", "erin"}
+LESSON03_LEARNERS = {"alice", "carol"}
 LESSON02_LEARNERS = {"alice", "oscar"}  # each extra notebook costs a whole autograde run
+LESSON01_LEARNERS = {"alice"}
 
 # -- bob: nearly there --------------------------------------------------------------------
 
@@ -130,7 +141,7 @@ def _layout(lesson: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     return answers, parts
 
 
-LESSONS = [LESSON02, LESSON03, LESSON]
+LESSONS = [LESSON01, LESSON02, LESSON03, LESSON]
 
 
 def hand_in(root: Path, subs: Path) -> None:
@@ -141,27 +152,30 @@ def hand_in(root: Path, subs: Path) -> None:
     release = root / "course" / LESSON / f"{LESSON}.ipynb"
     target = lambda who, lesson=LESSON: subs / who / lesson / f"{lesson}.ipynb"  # noqa: E731
     solution = {gid: solution_source(LESSON, gid) for gid in ans.values()}
-    submission(release, target("alice"), solution)
-    submission(release, target("bob"), {**solution, ans["4.1"]: SCHEDULE_ALL_GATHER_OFF_BY_ONE,
-                                        ans["4.2"]: DIRECT_REDUCE_SCATTER, ans["4.4"]: WHOLE_TENSOR_RING})
-    submission(release, target("carol"), {**solution, ans["4.2"]: CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER,
-                                          ans["4.3"]: CALLS_BROADCAST_FOR_ALL_GATHER, ans["4.4"]: CALLS_ALL_REDUCE})
-    submission(release, target("dave"), {**solution, ans["4.4"]: RECEIVE_FIRST})
-    submission(release, target("erin"))  # the stubs, untouched
-    # frank: correct answers, but deletes one test cell and rewrites another to pass trivially.
+    # alice: the instructor's answers, but she deletes one test cell and rewrites another to pass trivially.
     first_41 = next(gid for gid, (number, _) in parts.items() if number == "4.1")
     first_44 = next(gid for gid, (number, _) in parts.items() if number == "4.4")
-    submission(release, target("frank"), solution, drop=(first_41,), edit={first_44: "pass"})
-    # mallory: carol's built-in collectives, then lines that make every hidden test pass in her kernel.
-    submission(release, target("mallory"), {**solution, ans["4.2"]: CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER,
-                                            ans["4.3"]: CALLS_BROADCAST_FOR_ALL_GATHER,
-                                            ans["4.4"]: CALLS_ALL_REDUCE + GRADER_PATCH})
+    submission(release, target("alice"), solution, drop=(first_41,), edit={first_44: "pass"})
+    submission(release, target("bob"), {**solution, ans["4.1"]: SCHEDULE_ALL_GATHER_OFF_BY_ONE,
+                                        ans["4.2"]: DIRECT_REDUCE_SCATTER, ans["4.4"]: WHOLE_TENSOR_RING})
+    # carol: the built-in collectives, then (in 4.4's cell) lines that make every hidden test pass in her kernel.
+    submission(release, target("carol"), {**solution, ans["4.2"]: CALLS_ALL_REDUCE_FOR_REDUCE_SCATTER,
+                                          ans["4.3"]: CALLS_BROADCAST_FOR_ALL_GATHER,
+                                          ans["4.4"]: CALLS_ALL_REDUCE + GRADER_PATCH})
+    submission(release, target("dave"), {**solution, ans["4.4"]: RECEIVE_FIRST})
+    submission(release, target("erin"))  # the stubs, untouched
 
     ans3, parts3 = layouts[LESSON03]
     assert set(ans3) == {"3.1", "3.2", "3.3"} and len(parts3) == 8, (ans3, parts3)
     release3 = root / "course" / LESSON03 / f"{LESSON03}.ipynb"
     submission(release3, target("carol", LESSON03), {ans3["3.1"]: CALLS_BROADCAST, ans3["3.2"]: CALLS_ALL_GATHER,
                                                      ans3["3.3"]: FLAT_ALL_REDUCE})
+    submission(release3, target("alice", LESSON03), {gid: solution_source(LESSON03, gid) for gid in ans3.values()})
+
+    ans1, parts1 = layouts[LESSON01]
+    assert set(ans1) == {"1.1", "1.2"} and len(parts1) == 3, (ans1, parts1)
+    release1 = root / "course" / LESSON01 / f"{LESSON01}.ipynb"
+    submission(release1, target("alice", LESSON01), {gid: solution_source(LESSON01, gid) for gid in ans1.values()})
 
     ans2, parts2 = layouts[LESSON02]
     assert set(ans2) == {"2.1"} and len(parts2) == 3, (ans2, parts2)
@@ -206,8 +220,10 @@ def _feedback(root: Path, student: str, lesson: str = LESSON) -> str:
 
 
 def test_instructor_solution_scores_full_marks(graded):
-    """Does the instructor's own answer to every exercise of lesson 04, submitted as a learner's, earn every point?"""
-    assert _scores(graded, "alice") == _scores(graded, None)
+    """Do the instructor's own answers to every exercise of lessons 01, 03 and 04, submitted as a learner's, earn every
+    point (in lesson 04 with one test cell deleted and another edited)?"""
+    for lesson in (LESSON01, LESSON03, LESSON):
+        assert _scores(graded, "alice", lesson) == _scores(graded, None, lesson), lesson
 
 
 def test_near_misses_lose_only_the_parts_they_miss(graded):
@@ -268,7 +284,15 @@ def test_untouched_stubs_score_zero(graded):
 
 def test_deleted_and_edited_test_cells_are_restored(graded):
     """Are a deleted test cell put back and an edited one restored, so a tampering learner is graded normally?"""
-    assert _scores(graded, "frank") == _scores(graded, None)
+    root, parts, _ = graded
+    assert _scores(graded, "alice") == _scores(graded, None)
+    # The deleted 4.1 cell and the 4.4 cell rewritten to `pass` are graded with the course's own tests again.
+    notebook = json.loads((root / "autograder" / "autograded" / "alice" / LESSON / f"{LESSON}.ipynb").read_text())
+    sources = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"): "".join(cell["source"])
+               for cell in notebook["cells"]}
+    tested = {gid: number for gid, (number, _) in parts[LESSON].items() if number in ("4.1", "4.4")}
+    assert set(tested) <= set(sources), set(tested) - set(sources)
+    assert all(f'grade("{number}"' in sources[gid] for gid, number in tested.items()), tested
 
 
 def test_grades_csv_lists_every_learner(graded):
@@ -276,7 +300,7 @@ def test_grades_csv_lists_every_learner(graded):
     root, _, _ = graded
     rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader((root / "autograder" / "grades.csv").open())}
     assert ({(LESSON, who) for who in LESSON04_LEARNERS} | {(LESSON03, who) for who in LESSON03_LEARNERS}
-            | {(LESSON02, who) for who in LESSON02_LEARNERS}) <= set(rows)
+            | {(LESSON02, who) for who in LESSON02_LEARNERS} | {(LESSON01, who) for who in LESSON01_LEARNERS}) <= set(rows)
     assert float(rows[LESSON, "alice"]["score"]) == pytest.approx(_total(graded))
     assert float(rows[LESSON03, "carol"]["score"]) == pytest.approx(sum(_scores(graded, "carol", LESSON03).values()))
     assert float(rows[LESSON, "erin"]["score"]) == 0
@@ -288,7 +312,7 @@ def test_grading_run_record_matches_the_gradebook(graded):
     record = json.loads((root / "autograder" / "grading-run.json").read_text())
     runs = {(run["student"], run["lesson"]): run for run in record["submissions"] if run["lesson"] in LESSONS}
     assert set(runs) == ({(who, LESSON) for who in LESSON04_LEARNERS} | {(who, LESSON03) for who in LESSON03_LEARNERS}
-                         | {(who, LESSON02) for who in LESSON02_LEARNERS})
+                         | {(who, LESSON02) for who in LESSON02_LEARNERS} | {(who, LESSON01) for who in LESSON01_LEARNERS})
     for (_, lesson), run in runs.items():
         assert run["status"] == "ok" and run["seconds"] > 0, run
         assert run["max_score"] == pytest.approx(_total(graded, lesson)), run
@@ -308,23 +332,24 @@ def test_instructor_ring_sum_scores_full_marks(graded):
 
 
 def test_patching_the_grader_in_the_kernel_earns_only_the_honest_score(graded):
-    """Does mallory, whose answer cell replaces the course's grading in her kernel after calling the built-ins, earn exactly what carol's same honest code earns, each 4.4 cell showing the fresh process's verdict and the patch it left out?"""
+    """Does carol, whose 4.4 answer cell replaces the course's grading in her kernel after calling the built-ins, earn
+    only what the built-ins earn (tests/test_grading_e2e.py::test_built_in_collectives_earn_nothing), each 4.4 cell
+    showing the fresh process's verdict and the patch it left out?"""
     root, parts, _ = graded
-    assert _scores(graded, "mallory") == _scores(graded, "carol")
     record = json.loads((root / "autograder" / "grading-run.json").read_text())
-    run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("mallory", LESSON))
+    run = next(r for r in record["submissions"] if (r["student"], r["lesson"]) == ("carol", LESSON))
     ring = [p for p in run["parts"] if p["exercise"] == "4.4"]
     assert all(p["score"] == 0 for p in ring), ring
     assert any("autograder.kit.exercise.Exercise.grade = lambda" in line for line in run["left_out"]), run["left_out"]
     # Her kernel ran the patch, yet every 4.4 cell of her graded notebook holds the verdict of the fresh process.
-    notebook = json.loads((root / "autograder" / "autograded" / "mallory" / LESSON / f"{LESSON}.ipynb").read_text())
+    notebook = json.loads((root / "autograder" / "autograded" / "carol" / LESSON / f"{LESSON}.ipynb").read_text())
     for cell in notebook["cells"]:
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if parts[LESSON].get(gid, ("",))[0] == "4.4":
             errors = [o for o in cell["outputs"] if o["output_type"] == "error"]
             assert [o["ename"] for o in errors] == ["GradingFailure"], cell["outputs"]
             assert "switched off here" in "\n".join(errors[0]["traceback"]), errors
-    feedback = _feedback(root, "mallory")
+    feedback = _feedback(root, "carol")
     assert "Left out of the fresh process" in feedback and "autograder.kit.exercise.Exercise.grade = lambda" in feedback
 
 

@@ -19,6 +19,12 @@ outputs (:func:`cache_key`), so a notebook runs once per change, not once per us
 - A per-lesson lock file (``fcntl.flock``) makes a second process that wants the same lesson
   wait for the first and then read its entry, so two pytest-xdist workers, or a test run and
   ``make site``, never run the same notebook at once.
+- The hidden tests are left out of the run (nbgrader's ``ClearHiddenTests``, as the release
+  does): the cells run as a learner's notebook runs them, with the visible self-checks, and
+  keep their full source in the stored notebook. The page of a lesson shows no output of a
+  cell with hidden tests anyway, and that the instructor's answers pass them is checked where
+  they are graded: every lesson's solution, handed in as a learner's, scores full marks in
+  the graded class of ``tests/test_grading_e2e*.py``.
 - ``reuse`` says which entry may stand in for a run: ``"any"`` (the site build: any run of
   the same content) or ``"this-run"`` (the tests: only an entry made by the same test run,
   ``run_id``; an older entry is run again and replaced, so the suite still proves that every
@@ -123,8 +129,21 @@ def cache_key(lesson: str, root: Path | None = None) -> str:
         "python": platform.python_version_tuple()[:2],
         "machine": platform.machine(),
         "torch": _torch_version(),
+        "hidden_tests": "not run",
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _clear_hidden_tests(nb) -> dict[int, str]:
+    """Take the hidden tests out of ``nb``'s cells, in place, as the release does; return each changed cell's full source."""
+    from nbgrader.preprocessors import ClearHiddenTests
+
+    clear, full = ClearHiddenTests(), {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and clear.begin_test_delimeter in cell.source:
+            full[index] = cell.source
+            clear.preprocess_cell(cell, {}, index)
+    return full
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,11 +218,14 @@ def executed(lesson: str, root: Path | None = None, *, reuse: str = "any", run_i
             return hit
         key = cache_key(lesson, root)
         nb = nbformat.read(path, as_version=4)
+        full = _clear_hidden_tests(nb)
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                                 resources={"metadata": {"path": str(path.parent)}})
         started = time.monotonic()
         client.execute()
         seconds = time.monotonic() - started
+        for index, source in full.items():
+            nb.cells[index].source = source
         nb_path, info_path = _entry(lesson, key, root)
         others = sorted((p for p in nb_path.parent.glob("*.ipynb") if p.name != nb_path.name),
                         key=lambda p: p.stat().st_mtime, reverse=True)
