@@ -62,12 +62,10 @@ def collect_from_exchange(lesson: str) -> Path:
     """nbgrader's collect of ``lesson``, then its submissions copied into the folder to grade; returns that folder.
 
     With the shared-folder exchange, a submission still being written is left for the next collect
-    (:class:`~autograder.grading.inbound.WholeCollect`)."""
-    if os.environ.get("COURSE_NGSHARE_URL"):
-        api = nbgrader_api()
-    else:
+    (:class:`~autograder.grading.inbound.WholeCollect`, set in the course's nbgrader_config.py)."""
+    if not os.environ.get("COURSE_NGSHARE_URL"):
         check_exchange(lesson)
-        api = nbgrader_api(**{"ExchangeFactory.collect": "autograder.grading.inbound.WholeCollect"})
+    api = nbgrader_api()
     result = api.collect(lesson, update=True)
     log = (result.get("log") or "").strip()
     if log:
