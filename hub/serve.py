@@ -92,6 +92,12 @@ def check_instructor(name: str, course: Path) -> pwd.struct_passwd:
     if not name:
         raise HubError("no instructor given: name the Unix user who teaches, e.g. `make hub HUB_INSTRUCTOR=teacher` "
                        "(make one with `useradd -m teacher && passwd teacher`; the course folder must be theirs).")
+    names = re.split(r"[\s,;:]+", name.strip())
+    if len(names) > 1:
+        raise HubError(f"HUB_INSTRUCTOR={name!r} names {len(names)} people; the hub has one instructor, the Unix user "
+                       f"who owns the course folder and grades it (one gradebook, one collect at a time). Choose one, "
+                       f"e.g. `make hub HUB_INSTRUCTOR={names[0]}`; a co-teacher works in that instructor's account "
+                       "or takes turns (docs/instructors.md, \"One instructor per course\").")
     try:
         user = pwd.getpwnam(name)
     except KeyError:

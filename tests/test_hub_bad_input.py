@@ -169,7 +169,8 @@ def test_make_hub_makes_a_deleted_exchange_and_says_what_to_redo(capsys):
 
 
 def test_second_hub_of_a_course_is_refused_while_the_first_runs(tmp_path):
-    """Is a second `make hub` on the same exchange refused, naming the first, for as long as the first hub lives?"""
+    """Is a second `make hub` on the same exchange refused, naming the first, for as long as the first hub lives,
+    and a hub given two instructors refused?"""
     lock = tmp_path / ".distributed-pytorch.hub-lock"
     holder = ("import os, sys; sys.path.insert(0, sys.argv[1]); import serve; from pathlib import Path; "
               "serve.hold_hub_lock(Path(sys.argv[2]), 'teacher', 8000, Path('/srv/course'), 'the exchange'); "
@@ -185,6 +186,9 @@ def test_second_hub_of_a_course_is_refused_while_the_first_runs(tmp_path):
         first.kill()
         first.wait()
     os.close(serve.hold_hub_lock(lock, "ted", 8001, Path("/srv/other"), "the exchange"))
+    with pytest.raises(SystemExit) as two:
+        serve.check_instructor("teacher,ted", ROOT)
+    assert "names 2 people; the hub has one instructor" in str(two.value), two.value
 
 
 @pytest.fixture
