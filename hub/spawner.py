@@ -39,7 +39,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Integer
 
-__all__ = ["CourseSpawner", "ensure_home", "listening_ports", "start_listening", "HomeUnusable", "PortsTaken"]
+__all__ = ["CourseSpawner", "ensure_home", "home_mode", "listening_ports", "start_listening", "HomeUnusable", "PortsTaken"]
 
 
 class PortsTaken(RuntimeError):
@@ -50,7 +50,7 @@ class HomeUnusable(RuntimeError):
     """A user's home folder cannot be made or used; the message says why and what to do (shown on their page)."""
 
 
-def _home_mode(login_defs: str = "/etc/login.defs") -> int:
+def home_mode(login_defs: str = "/etc/login.defs") -> int:
     """The mode ``useradd -m`` gives a home here (HOME_MODE in /etc/login.defs), 0700 when it sets none."""
     try:
         found = re.search(r"^\s*HOME_MODE\s+(0?[0-7]{3})\s*$", open(login_defs).read(), re.M)
@@ -97,7 +97,7 @@ def ensure_home(name: str, skel: str = "/etc/skel") -> str:
     if not os.path.isdir(parent):
         raise HomeUnusable(f"{name}'s home {home} does not exist, nor its folder {parent} (a network home not "
                            f"mounted?); nothing was made. Mount it or {fix}.")
-    mode = _home_mode()
+    mode = home_mode()
     os.mkdir(home, 0o700)  # closed until it is theirs
     os.chown(home, user.pw_uid, user.pw_gid)
     copied = []

@@ -33,7 +33,7 @@ pytest.importorskip("jupyterhub", reason="JupyterHub is not installed: run `make
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
 import serve  # noqa: E402 - hub/serve.py
-from spawner import HomeUnusable, ensure_home  # noqa: E402 - hub/spawner.py
+from spawner import HomeUnusable, ensure_home, home_mode  # noqa: E402 - hub/spawner.py
 
 from autograder.grading.onegrader import grading_lock  # noqa: E402
 from autograder.notebooks.generate import tool_env  # noqa: E402
@@ -210,12 +210,13 @@ def users(tmp_path):
 
 
 def test_spawner_makes_a_missing_home_and_refuses_an_unusable_one(users, tmp_path):
-    """Does the spawner make a learner's missing home theirs and closed, and refuse a home that is not theirs?"""
+    """Does the spawner make a learner's missing home theirs, with the machine's HOME_MODE (0700 when unset), and
+    refuse a home that is not theirs, or on a folder that does not exist, changing nothing?"""
     (tmp_path / "homes").mkdir()
     ann = users(tmp_path / "homes" / "ann")
     said = ensure_home(ann.pw_name)
     home = os.stat(ann.pw_dir)
-    assert (home.st_uid, home.st_gid) == (ann.pw_uid, ann.pw_gid) and home.st_mode & 0o077 == 0, said
+    assert (home.st_uid, home.st_gid, home.st_mode & 0o777) == (ann.pw_uid, ann.pw_gid, home_mode()), said
     assert "as pam_mkhomedir would" in said and ensure_home(ann.pw_name) == ""
     ben = users(Path(ann.pw_dir))  # ben's passwd entry names ann's home
     with pytest.raises(HomeUnusable) as theirs:
