@@ -9,13 +9,18 @@ the instructor's server)::
 1. nbgrader's collect (``nbgrader collect --update LESSON``): each learner's latest submission
    in the exchange goes to ``autograder/submitted/<student>/<lesson>/``, with nbgrader's
    ``timestamp.txt`` and ``submission_secret.txt``; a learner who submitted again after an
-   earlier collect gets the newer one collected;
+   earlier collect gets the newer one collected; a submission still being written is left in the
+   exchange for the next collect, with a line saying whose (autograder/grading/inbound.py); a
+   missing exchange folder stops it with the way to recover (:func:`check_exchange`);
 2. those folders of this lesson are copied into ``autograder/exchange/<lesson>/`` (a folder of
    ``<student>/<lesson>/<lesson>.ipynb``, the layout ``make grade`` takes; replaced each time);
 3. ``python -m autograder grade autograder/exchange/<lesson>`` with the options given: the
    sandbox, the clean re-grade and Dask, exactly as ``make grade`` grades a folder. The
    feedback keeps the submission's timestamp and secret, so ``nbgrader release_feedback LESSON``
    (or the formgrader's button) hands each learner the feedback of what they submitted.
+
+Steps 1-3 hold the course's grading lock (autograder/grading/onegrader.py): a second collect or
+grade of the same course folder meanwhile stops, naming this one.
 """
 
 from __future__ import annotations
@@ -47,9 +52,9 @@ def check_exchange(lesson: str) -> None:
             f"nor submit, and nothing can be collected. Nothing of the learners' is lost: their lessons and answers "
             f"are in their homes, and each submission also in their own ~/.local/share/jupyter/nbgrader_cache. "
             f"Recover, as root: `mkdir -p {root} && chmod 0777 {root}` (the rights nbgrader needs; `make hub` does "
-            f"the same at start-up, but restarting the hub stops every learner's server); then release each lesson again (the formgrader's "
-            f"Release button, or `nbgrader release_assignment LESSON`) and ask the learners who submitted since the "
-            f"last collect to press Submit again.")
+            f"the same at start-up, but restarting the hub stops every learner's server); then release each lesson "
+            f"again (the formgrader's Release button, or `nbgrader release_assignment LESSON`) and ask the learners "
+            f"who submitted since the last collect to press Submit again.")
     if not (root / course / "inbound").is_dir():
         raise RuntimeError(
             f"the exchange {root} holds no submissions folder for course {course!r} ({root / course / 'inbound'} "
