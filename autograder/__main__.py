@@ -12,9 +12,11 @@
                    autograder/feedback/, grades to autograder/grades.csv and the class
                    summary to autograder/class-summary.csv and .html
   collect LESSON [options of grade]
-                   nbgrader's collect of LESSON from the exchange (latest submission of each
-                   learner, into autograder/submitted/), then grade them as `grade` does
-                   (autograder/exchange/LESSON is the folder graded)
+                   nbgrader's collect of LESSON from the exchange (latest whole submission of
+                   each learner, into autograder/submitted/; one still being written is left for
+                   the next collect), then grade them as `grade` does
+                   (autograder/exchange/LESSON is the folder graded); one collect or grade of
+                   a course at a time
   release [--allow-colab-placeholder] [DIR]
                    build the learner distribution (course, helpers, self-checks; no answers,
                    no hidden tests) into DIR, default dist/learner-course, and DIR.tar.gz;

@@ -29,6 +29,7 @@ jupyterhub-idle-culler, run by the hub as a service; the learner's files stay in
 from __future__ import annotations
 
 import argparse
+import fcntl
 import grp
 import importlib.util
 import os
@@ -39,6 +40,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HUB = Path(__file__).resolve().parent
@@ -90,6 +92,12 @@ def check_instructor(name: str, course: Path) -> pwd.struct_passwd:
     if not name:
         raise HubError("no instructor given: name the Unix user who teaches, e.g. `make hub HUB_INSTRUCTOR=teacher` "
                        "(make one with `useradd -m teacher && passwd teacher`; the course folder must be theirs).")
+    names = re.split(r"[\s,;:]+", name.strip())
+    if len(names) > 1:
+        raise HubError(f"HUB_INSTRUCTOR={name!r} names {len(names)} people; the hub has one instructor, the Unix user "
+                       f"who owns the course folder and grades it (one gradebook, one collect at a time). Choose one, "
+                       f"e.g. `make hub HUB_INSTRUCTOR={names[0]}`; a co-teacher works in that instructor's account "
+                       "or takes turns (docs/instructors.md, \"One instructor per course\").")
     try:
         user = pwd.getpwnam(name)
     except KeyError:
@@ -148,13 +156,44 @@ def close_course(course: Path) -> None:
 
 
 def make_exchange(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
+    if not path.is_dir():
+        path.mkdir(parents=True)
+        print(f"make hub: made the exchange folder {path} (mode 0777, as nbgrader's exchange needs); it was missing: "
+              "a first start, or it was deleted. If it was deleted, release each lesson again (the formgrader's "
+              "Release button) and ask the learners who submitted since your last `make collect` to press Submit "
+              "again: their work and a copy of each submission are in their homes.")
     if stat.S_IMODE(path.stat().st_mode) != 0o777:
         path.chmod(0o777)  # nbgrader's shared-folder exchange: everyone writes, nbgrader sets each part's rights
     for parent in path.parents:
         if not parent.stat().st_mode & stat.S_IXOTH:
             raise HubError(f"learners cannot reach the exchange {path}: {parent} is closed to other users. "
                            f"Choose another place (HUB_EXCHANGE=/srv/nbgrader/exchange) or `chmod o+x {parent}`.")
+
+
+def hold_hub_lock(path: Path, instructor: str, port: int, course: Path, exchange: str) -> int:
+    """One hub per course and exchange: an exclusive flock on ``path``, kept by JupyterHub after the exec.
+
+    A second ``make hub`` of the same course on the same exchange (a second instructor's clone, or
+    the same one on another port) stops here, naming the first hub's instructor, port and pid; the
+    kernel drops the lock when that hub ends, however it ends. Returns the lock's descriptor.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "details not written"
+        os.close(fd)
+        raise HubError(
+            f"a hub already serves this course on {exchange} ({holder}). A second hub would release, collect and "
+            "return feedback in the same place, each unaware of the other. One hub per course: grade on that hub (in its "
+            "instructor's server), or stop it first (Ctrl-C in its terminal, or "
+            "`kill PID` with the pid above) and start this one; or give this hub its own exchange "
+            "(HUB_EXCHANGE=/srv/nbgrader/exchange-2) so the two classes stay apart.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"instructor {instructor}, port {port}, pid {os.getpid()}, course folder {course}, since "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}".encode(), 0)
+    os.set_inheritable(fd, True)  # the exec below keeps it: the lock lives as long as the hub
+    return fd
 
 
 def course_id(course: Path) -> str:
@@ -259,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         check_ngshare()
     else:
         make_exchange(exchange)
+    lock = state / "hub.lock" if ngshare_url else exchange / f".{course_id(course)}.hub-lock"
+    state.mkdir(parents=True, exist_ok=True)
+    hold_hub_lock(lock, instructor.pw_name, args.port, course, ngshare_url or str(exchange))
     prepare_state(state, course, exchange)
     if ngshare_url:  # every server's nbgrader: the learners' settings here, the instructor's from COURSE_NGSHARE_URL
         with open(state / "learner-config" / "nbgrader_config.py", "a") as config:

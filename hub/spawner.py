@@ -15,12 +15,22 @@ was taken) is started again on another port, up to ``port_attempts`` times, each
 (hub/jupyterhub_config.py)::
 
     c.JupyterHub.spawner_class = CourseSpawner
+
+Before it starts a server, :func:`ensure_home` makes a missing home folder (the user's, mode of
+HOME_MODE, as pam_mkhomedir would: the hub opens no PAM session) and refuses, with the reason on
+the user's page, a home that is unusable (none in passwd, a file, another user's, on a folder
+that does not exist); without it the server stops at start ("No such directory") and the spawn
+would fail after every port was tried, blaming the ports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import re
+import shutil
+import stat
 import subprocess
 import time
 from typing import Awaitable, Callable, Iterable
@@ -29,11 +39,78 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Integer
 
-__all__ = ["CourseSpawner", "listening_ports", "start_listening", "PortsTaken"]
+__all__ = ["CourseSpawner", "ensure_home", "home_mode", "listening_ports", "start_listening", "HomeUnusable", "PortsTaken"]
 
 
 class PortsTaken(RuntimeError):
     """The server exited before it listened, on every port tried."""
+
+
+class HomeUnusable(RuntimeError):
+    """A user's home folder cannot be made or used; the message says why and what to do (shown on their page)."""
+
+
+def home_mode(login_defs: str = "/etc/login.defs") -> int:
+    """The mode ``useradd -m`` gives a home here (HOME_MODE in /etc/login.defs), 0700 when it sets none."""
+    try:
+        found = re.search(r"^\s*HOME_MODE\s+(0?[0-7]{3})\s*$", open(login_defs).read(), re.M)
+    except OSError:
+        found = None
+    return int(found.group(1), 8) if found else 0o700
+
+
+def ensure_home(name: str, skel: str = "/etc/skel") -> str:
+    """``name``'s home folder, made when missing as pam_mkhomedir would; :class:`HomeUnusable` when it cannot be.
+
+    A department's accounts (LDAP, SSSD) often have no home until first login, when PAM's session
+    step (pam_mkhomedir) makes it; the hub opens no PAM session, so that step never runs here. A
+    missing home is made with the user's uid and primary group, the mode of HOME_MODE in
+    /etc/login.defs (else 0700), and the top-level files of ``skel``. Nothing that exists is
+    changed: a home that is a file, or belongs to another user, is refused with the reason. Returns
+    what it did, for the hub's log ("" when the home was there).
+    """
+    try:
+        user = pwd.getpwnam(name)
+    except KeyError:
+        raise HomeUnusable(f"{name!r} is not a Unix user of this machine; ask the instructor to check the "
+                           f"account (`getent passwd {name}`).") from None
+    home = user.pw_dir
+    fix = f"the machine's administrator fixes the account (`usermod -d /home/{name} -m {name}`), then {name} logs in again"
+    if not home or not os.path.isabs(home) or os.path.normpath(home) in ("/", "/nonexistent"):
+        raise HomeUnusable(f"{name}'s account has no usable home folder (its passwd entry says {home!r}): "
+                           f"the server keeps the learner's lessons there. {fix[0].upper()}{fix[1:]}.")
+    if os.path.lexists(home):
+        info = os.lstat(home)
+        if not stat.S_ISDIR(info.st_mode):
+            raise HomeUnusable(f"{name}'s home {home} is not a folder; it was left as it is. {fix[0].upper()}{fix[1:]}.")
+        if info.st_uid != user.pw_uid:
+            try:
+                owner = pwd.getpwuid(info.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {info.st_uid}"
+            raise HomeUnusable(f"{name}'s home {home} belongs to {owner}, not to {name}; it was left as it is (the "
+                               f"server would save {name}'s work in someone else's folder). The administrator gives "
+                               f"it to them (`chown -R {name}: {home}`) or sets another home, then {name} logs in "
+                               "again.")
+        return ""
+    parent = os.path.dirname(os.path.normpath(home))
+    if not os.path.isdir(parent):
+        raise HomeUnusable(f"{name}'s home {home} does not exist, nor its folder {parent} (a network home not "
+                           f"mounted?); nothing was made. Mount it or {fix}.")
+    mode = home_mode()
+    os.mkdir(home, 0o700)  # closed until it is theirs
+    os.chown(home, user.pw_uid, user.pw_gid)
+    copied = []
+    if os.path.isdir(skel):
+        for entry in os.scandir(skel):
+            if entry.is_file(follow_symlinks=False):
+                target = os.path.join(home, entry.name)
+                shutil.copyfile(entry.path, target)
+                os.chown(target, user.pw_uid, user.pw_gid)
+                copied.append(entry.name)
+    os.chmod(home, mode)
+    return (f"made {name}'s missing home {home} (owner {name}, group {user.pw_gid}, mode {mode:04o}, "
+            f"{len(copied)} files of {skel}), as pam_mkhomedir would at a first login")
 
 
 def _tree(pid: int) -> list[int]:
@@ -115,6 +192,10 @@ class CourseSpawner(LocalProcessSpawner):
     port_attempts = Integer(5, help="How many ports a server is started on before its spawn fails.").tag(config=True)
 
     async def start(self):
+        made = ensure_home(self.user.name)  # the server's root folder is the home: without it, it cannot start
+        if made:
+            self.log.warning("server of %s: %s", self.user.name, made)
+
         async def once(port: int) -> subprocess.Popen:
             self.port = port
             await super(CourseSpawner, self).start()

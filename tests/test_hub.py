@@ -23,8 +23,10 @@ submission through the course's grading; Manage Students naming each learner fro
 stopped by the idle culler (the hub runs with a short ``HUB_IDLE_TIMEOUT``) with their files kept.
 
 Bad input checked here: a learner who submits twice (the later submission is graded, both
-stay in the exchange and in the learner's own cache) and a learner who deleted a test cell
-(grading puts it back and grades it). The isolation between people is asserted by trying,
+stay in the exchange and in the learner's own cache), a learner who deleted a test cell
+(grading puts it back and grades it), and the third learner's home deleted before her first
+login (the hub makes it, hers); and the running hub holds `make hub`'s one-hub-per-course lock.
+The rest of the hub route's bad input is tests/test_hub_bad_input.py's, without a hub. The isolation between people is asserted by trying,
 as each Unix user, to read what is not theirs.
 
 Skipped, saying why, when not root, or without npm, chromium, bubblewrap or useradd; with
@@ -37,12 +39,15 @@ browser tests put theirs (``$BROWSER_SCREENSHOTS``, default browser-screenshots/
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -504,8 +509,25 @@ def test_round_trip_release_fetch_submit_grade_feedback(hub_world, browser, shot
         assert outbound.is_file(), f"the Release button put nothing in the exchange ({outbound})"
         teacher.page.goto(f"{teacher.base}/lab")  # JupyterLab polls the server: the culler sees it in use
 
-        # cas logs in, saves a file and leaves: the idle culler stops her server, and her file stays.
+        # Only one hub of the course at a time: the running JupyterHub holds make hub's lock on the exchange.
+        lock = os.open(hub.exchange / f".{COURSE_ID}.hub-lock", os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert os.pread(lock, 4096, 0).decode().startswith(f"instructor {instructor}, port {hub.port}, pid ")
+        finally:
+            os.close(lock)
+
+        # cas logs in, saves a file and leaves: the idle culler stops her server, and her file stays. Her account's
+        # home is gone when she first logs in (a department's account before pam_mkhomedir): the hub makes it, hers.
+        sys.path.insert(0, str(ROOT / "hub"))
+        from spawner import home_mode  # hub/spawner.py: the mode `useradd -m` gives a home here
+
+        shutil.rmtree(users.home(cas))
         leaving = Person(browser, hub, cas, users.passwords[cas], shots, "learner-idle")
+        made = users.home(cas).stat()
+        assert (made.st_uid, made.st_mode & 0o777) == (pwd.getpwnam(cas).pw_uid, home_mode()), made
+        assert f"made {cas}'s missing home {users.home(cas)}" in hub.output(), hub.output()[-3000:]
         notes = users.home(cas) / "notes.txt"
         assert run_as(cas, "sh", "-c", f"echo 'my ring notes' > {notes}").returncode == 0
         leaving.close()

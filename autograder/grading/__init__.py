@@ -19,6 +19,10 @@
   holds only the learner's definitions (read as :mod:`autograder.learner.definitions` reads them),
   with the hidden checks of :mod:`autograder.hidden`.
 - :mod:`~autograder.grading.summary`: the class summary (CSV and HTML).
+- :mod:`~autograder.grading.exchange`: ``make collect``, nbgrader's collect from the hub's
+  exchange, then ``grade``; :mod:`~autograder.grading.inbound`: that collect never takes a
+  submission still being written; :mod:`~autograder.grading.onegrader`: one collect or grade of a
+  course at a time.
 
 Modules here may use :mod:`autograder.kit`, :mod:`autograder.lessons`, :mod:`autograder.hidden`,
 :mod:`autograder.learner` and :mod:`autograder.notebooks`; none of those imports anything from here.

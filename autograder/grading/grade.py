@@ -354,12 +354,14 @@ def main(argv: list[str]) -> int:
     if not source.is_dir():
         print(f"{source} is not a folder")
         return 2
+    from .onegrader import GradingBusy, grading_lock
     from .sandbox import SandboxUnavailable
 
     try:
-        record = grade(source, sandboxed=not args.no_sandbox, only_ungraded=args.only_ungraded,
-                       workers=Workers(jobs=args.jobs, scheduler=args.scheduler, slurm=slurm))
-    except (SandboxUnavailable, ClusterUnavailable) as exc:
+        with grading_lock(WORK):  # one collect or grade of the course at a time (taken once with collect's)
+            record = grade(source, sandboxed=not args.no_sandbox, only_ungraded=args.only_ungraded,
+                           workers=Workers(jobs=args.jobs, scheduler=args.scheduler, slurm=slurm))
+    except (SandboxUnavailable, ClusterUnavailable, GradingBusy) as exc:
         print(exc, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
