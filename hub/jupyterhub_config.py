@@ -78,8 +78,11 @@ c.JupyterHub.spawner_class = CourseSpawner  # LocalProcessSpawner, and the serve
 c.Spawner.cmd = [os.path.join(VENV_BIN, "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.ip = "127.0.0.1"
-c.Spawner.http_timeout = 120  # a busy 2-core machine: JupyterLab may need a minute to answer
-c.Spawner.start_timeout = 120
+# A class logging in while others run a lesson: on 2 cores the slowest of 30 waited 126.5 s for its server
+# (make bench-class-hub). A server that dies is seen at once (hub/spawner.py), so a longer limit only waits longer for
+# a slow one, instead of showing its learner a failed spawn to retry into the same queue.
+c.Spawner.http_timeout = 300
+c.Spawner.start_timeout = 300
 # What a learner's environment may not inherit from root's: only these variables pass.
 c.Spawner.env_keep = ["LANG", "LC_ALL", "TZ"]
 
