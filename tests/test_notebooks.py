@@ -325,3 +325,23 @@ def test_a_failing_self_check_reads_as_exercise_part_and_message_in_a_kernel(tmp
     [fault] = [o for o in nb.cells[3].outputs if o.output_type == "error"]
     assert fault.ename == "CheckError" and "the course's check itself failed (KeyError" in fault.evalue
     assert "exercise.py" in "\n".join(fault.traceback)  # the whole traceback, for the instructor
+
+
+def test_notebook_runs_leave_the_hidden_tests_out_unless_asked(monkeypatch):
+    """Do the notebook runs (tests, site) run a graded cell as the learner's notebook does, without its hidden tests,
+    keep the full source for the stored notebook, and run them with COURSE_NOTEBOOK_HIDDEN_TESTS=run (test-compat)?"""
+    from autograder.site import execute
+
+    path = ROOT / "solutions" / "04-ring-all-reduce" / "04-ring-all-reduce.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    before = [cell.source for cell in nb.cells]
+    full = execute._clear_hidden_tests(nb)
+    assert len(full) == 10, sorted(full)  # lesson 04's ten graded parts
+    for index, source in full.items():
+        assert "BEGIN HIDDEN TESTS" in source and source == before[index]
+        assert "HIDDEN TESTS" not in nb.cells[index].source and "grade(" not in nb.cells[index].source
+    assert all(cell.source == before[i] for i, cell in enumerate(nb.cells) if i not in full)
+    monkeypatch.delenv(execute.HIDDEN_ENV, raising=False)
+    without = execute.cache_key("04-ring-all-reduce", ROOT)
+    monkeypatch.setenv(execute.HIDDEN_ENV, "run")
+    assert execute._run_hidden() and execute.cache_key("04-ring-all-reduce", ROOT) != without

@@ -24,7 +24,9 @@ outputs (:func:`cache_key`), so a notebook runs once per change, not once per us
   keep their full source in the stored notebook. The page of a lesson shows no output of a
   cell with hidden tests anyway, and that the instructor's answers pass them is checked where
   they are graded: every lesson's solution, handed in as a learner's, scores full marks in
-  the graded class of ``tests/test_grading_e2e*.py``.
+  the graded class of ``tests/test_grading_e2e*.py``. ``COURSE_NOTEBOOK_HIDDEN_TESTS=run`` runs
+  them too (``make test-compat`` does: on another torch they are the quick check that every
+  graded part still passes there).
 - ``reuse`` says which entry may stand in for a run: ``"any"`` (the site build: any run of
   the same content) or ``"this-run"`` (the tests: only an entry made by the same test run,
   ``run_id``; an older entry is run again and replaced, so the suite still proves that every
@@ -53,12 +55,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["CACHE_ENV", "TIMEOUT", "Run", "cache_dir", "cache_key", "cached", "executed", "missing"]
+__all__ = ["CACHE_ENV", "HIDDEN_ENV", "TIMEOUT", "Run", "cache_dir", "cache_key", "cached", "executed", "missing"]
 
 #: The environment variable that moves the cache (default: ``.cache/site`` in the course root).
 CACHE_ENV = "COURSE_SITE_CACHE"
 #: Runs kept per lesson (the newest): enough for a few torch versions or venvs side by side.
 KEEP = 3
+#: The environment variable that runs the hidden tests too (value ``run``).
+HIDDEN_ENV = "COURSE_NOTEBOOK_HIDDEN_TESTS"
 #: Seconds one cell may run (tests/test_notebooks.py has always used 180).
 TIMEOUT = 180
 #: What of autograder/ a lesson's cells import (``from autograder import exercise``) and run on their ranks; the
@@ -129,9 +133,13 @@ def cache_key(lesson: str, root: Path | None = None) -> str:
         "python": platform.python_version_tuple()[:2],
         "machine": platform.machine(),
         "torch": _torch_version(),
-        "hidden_tests": "not run",
+        "hidden_tests": "run" if _run_hidden() else "not run",
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _run_hidden() -> bool:
+    return os.environ.get(HIDDEN_ENV) == "run"
 
 
 def _clear_hidden_tests(nb) -> dict[int, str]:
@@ -218,7 +226,7 @@ def executed(lesson: str, root: Path | None = None, *, reuse: str = "any", run_i
             return hit
         key = cache_key(lesson, root)
         nb = nbformat.read(path, as_version=4)
-        full = _clear_hidden_tests(nb)
+        full = {} if _run_hidden() else _clear_hidden_tests(nb)
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                                 resources={"metadata": {"path": str(path.parent)}})
         started = time.monotonic()
