@@ -37,7 +37,7 @@ Example (a broadcast that leaves every tensor alone is caught)::
     ...     exercise_3_1.self_check(lambda tensor, src: None)
     ... except GradingFailure as err:
     ...     print(str(err).splitlines()[0])
-    self-check: on 2 ranks, broadcasting a int64 tensor of shape (3,) from src=1, rank 0: first wrong element at flat index 0
+    self-check: on 2 ranks, broadcasting a int64 tensor of shape (3,) from src=1, rank 0: first wrong element at flat index ...
 """
 
 from __future__ import annotations
