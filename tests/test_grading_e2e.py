@@ -402,3 +402,22 @@ def test_feedback_shows_no_path_of_the_grading_machine(graded):
     secret = {str(root), str(PACKAGE_DIRS[0].parent), "/tmp/course-grading-", sys.prefix, sys.base_prefix}
     found = {page.relative_to(root).as_posix(): [s for s in secret if s in page.read_text()] for page in pages}
     assert not {page: paths for page, paths in found.items() if paths}, found
+
+
+def test_the_kernel_run_leaves_out_demonstrations_and_no_cell_it_keeps_fails(graded):
+    """Does every notebook of the class (every lesson's, right answers and wrong) leave out cells that make nothing
+    a graded cell uses, saying so where their output would be, and run the cells it keeps without an error outside
+    the graded cells (where the verdicts go)? A left-out cell whose names a kept cell needs would fail here."""
+    from autograder.grading.unused import NOT_RUN
+
+    root = graded[0]
+    notebooks = sorted((root / "autograder" / "autograded").glob("*/*/*.ipynb"))
+    record = json.loads((root / "autograder" / "grading-run.json").read_text())
+    assert {p.parent.name for p in notebooks} == {r["lesson"] for r in record["submissions"]}, notebooks
+    for path in notebooks:
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        said = ["".join(o.get("text", "")) for c in cells for o in c.get("outputs", [])]
+        assert NOT_RUN in said, f"{path}: no cell was left out"
+        failed = [(c["source"][:1], o.get("ename")) for c in cells for o in c.get("outputs", [])
+                  if o.get("output_type") == "error" and not c["metadata"].get("nbgrader")]
+        assert not failed, f"{path}: cells outside the graded ones failed: {failed}"

@@ -12,7 +12,10 @@ preprocessors added to the passes write into it what grading needs to know:
 :class:`KeepSanitized`, the last of the sanitising pass, keeps the notebook as it is about to
 run and hands it at once to the watch's callback (the clean re-grade starts from it, beside the
 kernel: :func:`autograder.grading.regrade.start`); :class:`WatchedExecute`, nbgrader's
-``Execute``, notes when the kernel answered, how many code cells started and what ended the run.
+``Execute``, notes when the kernel answered, how many code cells started and what ended the run,
+and leaves out the cells that make nothing a graded cell uses (the lesson's demonstrations:
+:mod:`autograder.grading.unused`), which are most of a run's time and none of its use, since
+the clean re-grade decides every part.
 Typed facts, so that how a run ended is never guessed from log text; and nothing global, so each
 submission's watch is its own.
 
@@ -40,6 +43,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from ..kit.torchrun_programs import clip
 from . import regrade
 from .task import Unfinished
+from .unused import NOT_RUN, cells_to_leave_out
 from .workfolder import Job, Tail, warm_up
 
 __all__ = ["autograde", "run_nbgrader", "telling_line", "Watch", "WatchedAutograde", "KeepSanitized", "WatchedExecute"]
@@ -53,6 +57,7 @@ class Watch:
     on_sanitized: Callable[[Any], None] | None = None  # called with it, before the kernel starts
     kernel_started: float | None = None  # time.time() when the kernel answered
     cells_started: int = 0  # code cells sent to the kernel
+    left_out: int = 0  # code cells not run: they make nothing a graded cell uses (autograder/grading/unused.py)
     error: BaseException | None = None  # what ended the run early, if anything did
 
     def __deepcopy__(self, memo: dict) -> Watch:
@@ -86,7 +91,11 @@ class KeepSanitized(NbGraderPreprocessor):
 
 
 class WatchedExecute(Execute):
-    """nbgrader's Execute, noting in the watch when the kernel answered, how many cells ran, and what stopped it."""
+    """nbgrader's Execute, noting in the watch when the kernel answered, how many cells ran, and what stopped it;
+    a cell that makes nothing a graded cell uses (a demonstration: :mod:`autograder.grading.unused`) is not run, and
+    says so in its output."""
+
+    left_out: set[int] = set()
 
     def start_new_kernel_client(self):
         client = super().start_new_kernel_client()
@@ -94,11 +103,17 @@ class WatchedExecute(Execute):
         return client
 
     def preprocess_cell(self, cell, resources, index):
+        if index in self.left_out:  # it makes nothing a graded cell uses (autograder/grading/unused.py)
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=NOT_RUN)]
+            cell.execution_count = None
+            return cell, resources
         if cell.cell_type == "code" and cell.source.strip():
             _watch(resources).cells_started += 1
         return super().preprocess_cell(cell, resources, index)
 
     def preprocess(self, nb, resources=None, km=None):
+        self.left_out = cells_to_leave_out(nb)
+        _watch(resources).left_out = len(self.left_out)
         try:
             return super().preprocess(nb, resources, km=km)
         except BaseException as exc:
@@ -139,7 +154,8 @@ def autograde(job: Job) -> Any:
     job.graded.stages["autograde"] = round(time.monotonic() - started, 2)
     if watch.kernel_started:
         job.graded.stages["kernel_start"] = round(watch.kernel_started - wall, 2)
-    job.log += ["== nbgrader autograde", done.get("log", "").rstrip(), done.get("error", "").rstrip(),
+    job.log += ["== nbgrader autograde", f"{watch.left_out} code cells not run: they make nothing a graded cell uses",
+                done.get("log", "").rstrip(), done.get("error", "").rstrip(),
                 "== the kernel's error output", kernel_text.rstrip()]
     if done["success"]:
         return watch.sanitized

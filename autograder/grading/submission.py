@@ -20,7 +20,8 @@ returned (:func:`grade_submission` is this list):
    notebook of this lesson;
 2. **autograde** (:func:`~autograder.grading.autograde.autograde`: nbgrader, in this process):
    deleted and edited cells are restored, then the notebook runs in a fresh kernel inside the
-   grading sandbox (:mod:`autograder.grading.sandbox`). What this process learns from inside
+   grading sandbox (:mod:`autograder.grading.sandbox`), all but the cells that make nothing a graded
+   cell uses (the demonstrations: :mod:`autograder.grading.unused`). What this process learns from inside
    nbgrader travels in a :class:`~autograder.grading.autograde.Watch` that nbgrader's own
    ``resources`` carry through its preprocessors. Hidden test cells run no check there
    (:func:`autograder.kit.exercise.decided_by_clean_run`): a learner's kernel can be made to say
