@@ -186,6 +186,17 @@ def test_a_notebook_starts_the_factory_once_its_set_up_cell_has_run(make_kernel)
     assert started in children_of(kernel.pid), (started, children_of(kernel.pid))
 
 
+def test_a_kernel_told_not_to_start_ahead_starts_the_factory_at_its_first_launch(make_kernel):
+    """With HELPERS_START_AHEAD=0 (grading's kernel, which launches nothing), is there still no factory after the
+    set-up cell has run, and does a launch then start one and run?"""
+    kernel = make_kernel()
+    kernel.run("import os\nos.environ['HELPERS_START_AHEAD'] = '0'\nimport torch\nfrom helpers import launch\n"
+               "import helpers._runtime.factory as f")
+    assert kernel.value("f._factory") is None
+    assert kernel.value("launch(lambda rank, world_size: rank, 2, output='quiet')") == [0, 1]
+    assert kernel.value("f._factory.pid") in children_of(kernel.pid)
+
+
 # --------------------------------------------------------------------------- SIGUSR1 during start-up
 
 #: Run in the factory before its loop: rank 0 of each group waits, just forked, before anything of

@@ -180,7 +180,10 @@ def _api(job: Job, kernel_stderr: str) -> Any:
     from ..kit.exercise import CLEAN_RUN_DECIDES
     from .sandbox import kernel_spec
 
-    env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", **warm_up(job.task.lesson, clean=False)}
+    # HELPERS_START_AHEAD=0: the kernel's cells launch nothing while they are graded (the checks run in the clean
+    # re-grade, the demonstrations are left out), so no rank factory is started ahead; a launch still starts one.
+    env = {"NBGRADER_EXECUTION": "autograde", CLEAN_RUN_DECIDES: "1", "HELPERS_START_AHEAD": "0",
+           **warm_up(job.task.lesson, clean=False)}
     job.autograded.mkdir(parents=True, exist_ok=True)
     box = job.box([job.autograded, job.runtime], env) if job.task.sandboxed else None
     kernel_spec(job.folder / "jupyter", box, stderr=kernel_stderr, env=env)

@@ -310,7 +310,10 @@ def get_factory(wait: bool = True) -> Factory:
 def start_ahead() -> None:
     """Start the rank factory in the background unless it runs, and return at once: for a caller that knows ranks
     will be wanted soon (the first launch then finds torch imported). A factory that cannot start says why at
-    that launch."""
+    that launch. ``HELPERS_START_AHEAD=0`` in the environment leaves the factory to the first launch (grading's
+    kernel sets it: it launches nothing)."""
+    if os.environ.get("HELPERS_START_AHEAD") == "0":
+        return
     try:
         get_factory(wait=False)
     except OSError:
