@@ -56,9 +56,7 @@ def colab(tmp_path_factory):
     env_dir = base / "python"
     _run([sys.executable, "-m", "venv", str(env_dir)])
     python = env_dir / "bin" / "python"
-    # --no-compile: pip's byte-compiling of torch is most of the install's CPU (33 s -> 13 s here); Colab's Python
-    # comes compiled, and what this one imports is compiled once, on first import.
-    _run([str(python), "-m", "pip", "install", "-q", "--no-compile", *_torch_spec(), *COLAB_PACKAGES])
+    _run([str(python), "-m", "pip", "install", "-q", *_torch_spec(), *COLAB_PACKAGES])
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
     (site / "google" / "colab").mkdir(parents=True)
     (site / "google" / "colab" / "__init__.py").write_text('"""Stand-in for Colab\'s own module: marks this Python as Colab."""\n')
