@@ -421,3 +421,11 @@ def test_the_kernel_run_leaves_out_demonstrations_and_no_cell_it_keeps_fails(gra
         failed = [(c["source"][:1], o.get("ename")) for c in cells for o in c.get("outputs", [])
                   if o.get("output_type") == "error" and not c["metadata"].get("nbgrader")]
         assert not failed, f"{path}: cells outside the graded ones failed: {failed}"
+
+
+def test_the_grade_command_prints_nothing_of_the_kernels(graded):
+    """Does the output of `python -m autograder grade` hold its own lines only, none of what each submission's kernel
+    prints on starting (ipykernel's note on Ctrl-C and how to connect another client)?"""
+    out = graded[2]
+    assert "autograded " in out and "Class summary" in out, out[-3000:]
+    assert "Ctrl-C will not work" not in out and "--existing" not in out, out[-3000:]

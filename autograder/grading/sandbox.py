@@ -321,16 +321,17 @@ def kernel_spec(folder: str | os.PathLike, sandbox: Sandbox | None, name: str = 
     go as messages, which reach the kernel inside the sandbox. ``sandbox`` None writes an
     unsandboxed spec (``--no-sandbox``), with ``env`` added to the kernel's environment.
 
-    ``stderr`` names a file the kernel's standard error (and bubblewrap's own messages, when
-    it cannot set the sandbox up) is written to, opened outside the sandbox: grading keeps
-    it as the kernel's last words.
+    ``stderr`` names a file the kernel's standard error and output (and bubblewrap's own
+    messages, when it cannot set the sandbox up) are written to, opened outside the sandbox:
+    grading keeps them as the kernel's last words, and nothing the kernel prints (ipykernel's
+    start-up note, a learner's ``os.write(1, ...)``) reaches the grading command's output.
     """
     spec_dir = Path(folder) / "kernels" / name
     spec_dir.mkdir(parents=True, exist_ok=True)
     kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     argv = sandbox.wrap(kernel) if sandbox is not None else kernel
     if stderr is not None:
-        argv = ["/bin/sh", "-c", 'exec 2>"$0"; exec "$@"', stderr, *argv]
+        argv = ["/bin/sh", "-c", 'exec 2>"$0" 1>&2; exec "$@"', stderr, *argv]
     spec = {"argv": argv, "display_name": "Python 3 (grading sandbox)" if sandbox else "Python 3 (grading)",
             "language": "python", "interrupt_mode": "message", "metadata": {"debugger": False}}
     if env and sandbox is None:
