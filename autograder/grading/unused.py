@@ -39,9 +39,7 @@ from typing import Any, Iterator
 __all__ = ["cells_to_leave_out", "NOT_RUN"]
 
 #: What a cell left out shows on the feedback page, in place of its output.
-NOT_RUN = ("(not run while your notebook was graded: no graded cell uses what this cell makes, and every part "
-           "was decided from your definitions in a fresh process; your own run's output is in the notebook you "
-           "handed in)\n")
+NOT_RUN = "(not run while your notebook was graded: no graded cell uses what this cell makes)\n"
 
 _MAGIC_BINDS = {"dist_trace"}  # helpers.magics: %%distributed leaves the last run's trace there
 
