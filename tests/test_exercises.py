@@ -900,7 +900,7 @@ def test_shared_pieces():
     "kit.exercise", "kit.harness", "kit.pieces", "kit.registry", "kit.torchrun_programs", "notebooks.cells",
     "notebooks.preprocessors", "answers.lesson04", "release", "grading.sandbox", "learner.definitions",
     "grading.summary", "grading.unused", "grading.verdicts", "hidden", "hidden.lesson00", "hidden.lesson01", "hidden.lesson02",
-    "hidden.lesson04", "hidden.lesson09", "lessons.lesson03", "lessons.lesson08", "lessons.ringcheck",
+    "hidden.lesson04", "hidden.lesson09", "hidden.planparts", "lessons.lesson03", "lessons.lesson08", "lessons.ringcheck",
     "lessons.shardcheck", "lessons.tpcheck", "lessons.tpdata", "lessons.pipecheck", "lessons.cpcheck",
     "lessons.cpdata")]
     + ["devtools.scratch"])

@@ -187,6 +187,23 @@ def test_12_3_names_the_rank_and_category_that_overflow(factory):
                                                  r".* is the largest part")
 
 
+def test_12_3_every_draw_has_a_case_that_plain_data_parallelism_does_not_fit():
+    """Does every grading's draw of 12.3 cases hold one that a layout sharding nothing does not fit?
+
+    Drawn freely, about 6 seeds in 100 gave two cases that plain data parallelism fits, and the answer above passed
+    fits; the test of it then failed now and then. Here every seed of a range is tried, with the answer itself.
+    """
+    from autograder.hidden import planparts
+    from helpers.steptime import predict
+
+    ref = planparts.reference()
+    for seed in range(1, 1500):
+        cases = planparts.search_cases(seed)
+        assert len(cases) == planparts.SEARCHES
+        assert not all(predict(model, _ANSWERS["data_parallel_only"](model, cluster), cluster, ref.plan_memory,
+                               ref.plan_traffic).fits for model, cluster in cases), f"seed {seed}"
+
+
 def test_12_3_refuses_a_layout_that_leaves_gpus_out(factory):
     """Does a layout of half the GPUs fail fits, saying to use all of them?"""
     _fails("12.3", "too_few_gpus", "fits", r"dp x tp x pp x cp = \d+, but the cluster has \d+ GPUs; use all of them")

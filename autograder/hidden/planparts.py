@@ -6,7 +6,8 @@ the instructor; :mod:`autograder.hidden.lesson12` names each part's check.
 
 - :func:`large_case`: a Llama-like model of 1 to 70 billion parameters and a layout of up to 2048 GPUs,
   drawn for a seed (bfloat16; every ZeRO stage, schedule and recomputation setting);
-- :func:`search_case`: a model and a cluster of 16 to 64 GPUs for Exercise 12.3;
+- :func:`search_case`: a model and a cluster of 16 to 64 GPUs for Exercise 12.3, and :func:`search_cases`, the
+  cases one grading draws (the first one that plain data parallelism does not fit);
 - :func:`mistakes_memory` and :func:`mistakes_traffic`: the course's planner with one usual mistake made,
   so that feedback can name the mistake an answer matches.
 
@@ -32,7 +33,7 @@ from autograder.lessons.plancheck import (ACTIVATION_TOLERANCE, EXACT, gib, layo
 from .sealed import load
 
 __all__ = ["memory_small", "memory_large", "memory_recompute", "traffic_small", "traffic_large", "layout_fits",
-           "layout_fast", "reference", "large_case", "search_case", "mistakes_memory", "memory_hint_hidden", "traffic_hint_hidden",
+           "layout_fast", "reference", "large_case", "search_case", "search_cases", "mistakes_memory", "memory_hint_hidden", "traffic_hint_hidden",
            "best_layout", "MARGIN"]
 
 #: How much slower than the course search's best layout a chosen layout may be (its predicted step).
@@ -85,6 +86,30 @@ def search_case(seed: int) -> tuple[Model, Cluster]:
                   heads=hidden // 128, kv_heads=8, ffn=256 * round(3.5 * hidden / 256), seq=pick.choice((4096, 8192)),
                   batch=gpus * pick.choice((1, 2, 4)))
     return model, h100_cluster(gpus, memory_gib=pick.choice((40, 80)))
+
+
+def _unsharded_fits(model: Model, cluster: Cluster) -> bool:
+    """Whether plain data parallelism (every GPU a data-parallel rank holding the whole model, its gradients and its
+    optimizer state; bfloat16) fits the cluster's memory by the course's planner."""
+    from helpers.steptime import predict
+
+    ref = reference()
+    layout = Layout(dp=cluster.gpus, micro_batch=max(1, model.batch // cluster.gpus), precision="bf16")
+    return predict(model, layout, cluster, ref.plan_memory, ref.plan_traffic).fits
+
+
+def search_cases(seed: int) -> list[tuple[Model, Cluster]]:
+    """The ``SEARCHES`` cases of Exercise 12.3 one grading draws for ``seed``: the first is drawn again (from seeds
+    a thousand apart) until plain data parallelism does not fit it, so that a layout that shards nothing cannot pass
+    *fits* (about 6 draws in 100 would otherwise be two cases that it fits).
+
+    Example::
+
+        >>> all(not _unsharded_fits(*search_cases(seed)[0]) for seed in range(20))
+        True
+    """
+    first = next(case for k in range(1000) if not _unsharded_fits(*(case := search_case(seed + 1000 * k))))
+    return [first] + [search_case(seed + i) for i in range(1, SEARCHES)]
 
 
 def best_layout(model: Model, cluster: Cluster) -> tuple[float, Layout]:
@@ -265,7 +290,7 @@ def traffic_large(attempt: Attempt) -> None:
 
 
 def _chosen(attempt: Attempt) -> list[tuple[Model, Cluster, Layout]]:
-    cases = [search_case(_seed() + 300 + i) for i in range(SEARCHES)]
+    cases = search_cases(_seed() + 300)
     answers = _answers(attempt, "layout", cases, timeout=30.0)
     out = []
     for (model, cluster), answer in zip(cases, answers):
