@@ -898,7 +898,7 @@ def test_shared_pieces():
 
 @pytest.mark.parametrize("module", ["autograder"] + [f"autograder.{name}" for name in (
     "kit.exercise", "kit.harness", "kit.pieces", "kit.registry", "kit.torchrun_programs", "notebooks.cells",
-    "notebooks.preprocessors", "answers.lesson04", "release", "grading.sandbox", "learner.definitions",
+    "notebooks.preprocessors", "notebooks.imports", "answers.lesson04", "release", "grading.sandbox", "learner.definitions",
     "grading.summary", "grading.unused", "grading.verdicts", "hidden", "hidden.lesson00", "hidden.lesson01", "hidden.lesson02",
     "hidden.lesson04", "hidden.lesson09", "hidden.planparts", "lessons.lesson03", "lessons.lesson08", "lessons.ringcheck",
     "lessons.shardcheck", "lessons.tpcheck", "lessons.tpdata", "lessons.pipecheck", "lessons.cpcheck",

@@ -114,6 +114,8 @@ def test_a_sandbox_that_fails_once_is_tried_again_and_one_that_always_fails_is_r
     runs = {r["student"]: r for r in record["submissions"]}
     assert (runs["ana"]["score"], runs["bo"]["score"]) == (0.0, 1.0), runs
     assert runs["bo"]["status"] == "ok" and runs["bo"]["tries"] == 1
+    # One submission to grade starts one worker process, not the two asked for (each costs seconds to start).
+    assert record["jobs"] == 1 and "1 at a time" in done.stdout, (record["jobs"], done.stdout[-3000:])
 
 
 KILLS_ITS_KERNEL = '''def hello(rank, world_size):
@@ -134,7 +136,9 @@ def test_a_kernel_that_dies_midway_is_graded_from_its_code_and_an_unreadable_fil
     (tmp_path / "submissions" / "eve" / LESSON / f"{LESSON}.ipynb").write_text("{ this is not JSON")
     other = "01-processes-and-ranks"
     shutil.copy(ROOT / "course" / other / f"{other}.ipynb", tmp_path / "submissions" / "fay" / LESSON / f"{LESSON}.ipynb")
-    done, record = _grade(root, tmp_path / "submissions")
+    # --only-ungraded on a course never graded (no gradebook yet) grades every submission.
+    done, record = _grade(root, tmp_path / "submissions", "--only-ungraded")
+    assert "0 submissions already graded" in done.stdout, done.stdout[-3000:]
     runs = {r["student"]: r for r in record["submissions"]}
     dee, eve = runs["dee"], runs["eve"]
     assert dee["status"] == "ok" and dee["score"] == 1.0 and dee["tries"] == 1, dee

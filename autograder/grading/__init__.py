@@ -27,3 +27,8 @@
 Modules here may use :mod:`autograder.kit`, :mod:`autograder.lessons`, :mod:`autograder.hidden`,
 :mod:`autograder.learner` and :mod:`autograder.notebooks`; none of those imports anything from here.
 """
+
+from ..notebooks.imports import defer_iri_grammar
+
+# Each grading worker process (Dask spawns them) imports this package before it reads a notebook.
+defer_iri_grammar()

@@ -204,26 +204,32 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
         require()
     started = time.monotonic()
     grades = WORK / "grades.csv"
+    found = collect(source)
+    pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    if only_ungraded and pairs:
+        already = _graded_already(pairs)
+        before = _previous()
+        kept = {key: before[key] for key in already if key in before}
+        pairs = [key for key in pairs if key not in already]
+        print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as "
+              f"{'they are' if len(already) != 1 else 'it is'}.")
+    if workers.local:  # no more worker processes than submissions to grade (each costs seconds to start)
+        workers = Workers(jobs=max(1, min(workers.jobs, len(pairs))))
     record: dict[str, Any] = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0,
                               "source": str(source), "jobs": workers.jobs, "workers": workers.describe(),
                               "sandbox": sandboxed, "grades_csv": str(grades.relative_to(ROOT)), "submissions": []}
-    with Connection(workers) as connection:  # the workers start while the lessons are recorded
+    if not pairs:  # nothing to grade: no workers to start
         _record_lessons(lessons())
-        found = collect(source)
         if not found:
             print(f"No submissions found under {source} (expected <student>/<lesson>/<lesson>.ipynb).")
             RECORD.write_text(json.dumps(record, indent=2) + "\n")
             return record
-        pairs = [(student, lesson) for lesson, students in sorted(found.items()) for student in students]
-        kept: dict[tuple[str, str], dict[str, Any]] = {}
-        if only_ungraded:
-            already = _graded_already(pairs)
-            before = _previous()
-            kept = {key: before[key] for key in already if key in before}
-            pairs = [key for key in pairs if key not in already]
-            print(f"{len(already)} submission{'s' if len(already) != 1 else ''} already graded, kept as "
-                  f"{'they are' if len(already) != 1 else 'it is'}.")
-        left = _grade_pairs(pairs, record, workers, connection) if pairs else []
+        left: list[Task] = []
+    else:
+        with Connection(workers) as connection:  # the workers start while the lessons are recorded
+            _record_lessons(lessons())
+            left = _grade_pairs(pairs, record, workers, connection)
     record["submissions"].extend(r for key, r in kept.items())
     return _finish(record, left, started)
 
