@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..notebooks.generate import build, lessons, nbgrader_api, tool_env
+from ..notebooks.imports import alembic_head_in_process
 from ..paths import ROOT
 from .intake import collect
 from .submission import quiet_gradebook
@@ -197,6 +198,7 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     if workers.local:
         workers = Workers(jobs=max(1, workers.jobs or jobs or os.cpu_count() or 1))
     os.environ.update(tool_env())  # nbgrader runs `alembic` by name: the venv's bin folder goes on PATH
+    alembic_head_in_process()  # ... but not to create a gradebook (autograder.notebooks.imports)
     quiet_gradebook()
     if sandboxed and workers.local:  # a cluster's workers are checked once they are connected
         from .sandbox import require

@@ -44,7 +44,10 @@ def nbgrader_api(root: Path | None = None, **settings: Any) -> Any:
     """
     from nbgrader.apps.api import NbGraderAPI
 
+    from .imports import alembic_head_in_process
+
     os.environ["PATH"] = tool_env()["PATH"]  # nbgrader runs `alembic` by name
+    alembic_head_in_process()  # a new gradebook's schema revision without that command (2 s of CPU)
     coursedir = course_directory(root, **settings)
     return NbGraderAPI(coursedir=coursedir, config=coursedir.config)
 
