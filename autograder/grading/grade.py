@@ -18,8 +18,8 @@ Steps:
 2. copy the submissions into ``autograder/submitted/`` (collect);
 3. grade every submission on its own, on Dask workers (:mod:`autograder.grading.engine`): by
    default a ``LocalCluster`` of ``--jobs`` worker processes on this machine (default: one
-   per core, at most one per submission to grade); with ``--scheduler`` the workers of a running Dask cluster; with ``--slurm``
-   workers started as SLURM jobs. Each worker keeps nbgrader loaded and grades one
+   per core, at most one per submission to grade); with ``--scheduler`` the workers of a
+   running Dask cluster; with ``--slurm`` workers started as SLURM jobs. Each worker keeps nbgrader loaded and grades one
    submission at a time, in a private work folder with its own copy of the gradebook
    (:mod:`autograder.grading.submission`: autograde in the grading sandbox, where the
    notebook runs; the clean re-grade, which decides every graded part in a fresh process;
