@@ -857,6 +857,17 @@ def test_9_1_judges_the_state_held_and_what_the_all_gather_carries(factory):
         grade(ex.number, _ANSWERS["_GathersGradients"], "traffic")
 
 
+def test_9_1_adamw_passes_a_right_answer_on_the_seed_that_drifted_in_float32(factory, monkeypatch):
+    """Does the instructor's ZeRO-1 earn "adamw" on seed 1417764502 with 2 ranks? In float32 Adam's division by the
+    root of the second moment turned a reordered sum's last bit into a 5e-4 drift there, past the old 1e-4: a right
+    answer lost 2 points about once in 6000 runs, so the part now runs in float64."""
+    from autograder.answers.lesson09 import ShardedOptimizer
+    from autograder.lessons import lesson09
+
+    monkeypatch.setattr(lesson09, "fresh_seed", lambda: 1417764502)
+    exercise("9.1").grade(ShardedOptimizer, "adamw", check=lambda attempt: lesson09._adamw(attempt, (2,)))
+
+
 def test_a_missing_function_is_named():
     """Does grading something that is not a function ask for the function by name?"""
     with pytest.raises(GradingFailure, match="Exercise 2.1: define a function named `ring_sum`"):

@@ -61,8 +61,10 @@ PER_RANK = 4
 #: How close the parameters must be to one process's after ten steps, by optimizer and dtype.
 #: Averaging over ranks adds the ranks' gradients in another order than one process does, so
 #: the last bits differ; SGD passes that difference on as it is, while Adam divides by the
-#: root of the second moment, which magnifies it where a gradient is near zero.
-TOLERANCE = {("sgd", "float32"): 1e-5, ("sgd", "float64"): 1e-12, ("adamw", "float32"): 1e-4}
+#: root of the second moment, which magnifies it where a gradient is near zero: in float32 a
+#: right answer drifted by up to 5e-4 in about 1 run in 6000 (seed 1417764502 on 2 ranks), so
+#: AdamW is checked in float64, where the same seeds drift by 1e-12.
+TOLERANCE = {("sgd", "float32"): 1e-5, ("sgd", "float64"): 1e-12, ("adamw", "float64"): 1e-9}
 #: What a learner reads on calling torch's own ZeroRedundancyOptimizer or FSDP in the checks' ranks.
 REASON = ("Exercise 9.1 asks you to build the sharded optimizer yourself from collectives; torch's "
           "ZeroRedundancyOptimizer and FSDP come later in the lesson.")
@@ -155,7 +157,7 @@ def _sgd(attempt: Attempt, cases: tuple = ((1, "float32"), (2, "float64"), (3, "
 
 def _adamw(attempt: Attempt, worlds: tuple[int, ...] = (2, 3, 4)) -> None:
     for world in worlds:
-        case = _case("adamw")
+        case = _case("adamw", "float64")
         _judge_params(attempt, world, case, _run(attempt, world, case))
 
 
@@ -234,8 +236,8 @@ exercise_9_1 = Exercise(
     parts=(
         Part("sgd", 3, "ten steps of SGD with momentum equal one process with the unsharded optimizer, on 1 to 4 "
                        "ranks, parameters without a gradient left alone."),
-        Part("adamw", 2, f"ten steps of AdamW equal one process within {TOLERANCE[('adamw', 'float32')]:g}, tied "
-                         "weights, a frozen layer, N not divisible by p."),
+        Part("adamw", 2, f"ten steps of AdamW in float64 equal one process within {TOLERANCE[('adamw', 'float64')]:g}, "
+                         "tied weights, a frozen layer, N not divisible by p."),
         Part("state", 2, "each rank's optimizer holds the state of at most ceil(N/p) elements, and the ranks "
                          "together hold it for every element that had a gradient."),
         Part("traffic", 3, "each step makes one reduce-scatter-shaped and one all-gather-shaped exchange of the "
