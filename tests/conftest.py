@@ -30,8 +30,11 @@ if str(ROOT) not in sys.path:
 
 #: The modules that take longest, first: under pytest-xdist (`make test` runs the suite on
 #: TEST_JOBS workers) they start at once, and the short modules fill the gaps around them.
-LONG_FIRST = ("graded-class", "test_notebooks", "test_browser", "test_hub", "test_grading_dask", "test_grading_parallel",
-              "test_grading_failures", "test_colab")
+#: test_site builds the website, which runs the lessons tests/test_notebooks.py has not run yet
+#: (from the last back, while that module goes from the first): started early, the two share the
+#: notebooks; started last, it ran alone on one core for a minute at the end of the run.
+LONG_FIRST = ("graded-class", "test_notebooks", "test_site", "test_browser", "test_hub", "test_grading_dask",
+              "test_grading_parallel", "test_grading_failures", "test_colab")
 
 
 def worker_group(module: str) -> str:

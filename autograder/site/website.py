@@ -145,8 +145,10 @@ def _run(name: str, root: Path, run_id: str | None, wait: bool):
 def _runs(names: list[str], gone: list[str], root: Path, run_id: str | None, log) -> dict:
     """Every lesson's executed notebook. A lesson another process is running now (its lock is taken: a
     notebook test on another pytest-xdist worker) is left for later, and the others are run meanwhile,
-    so that two processes share the work instead of one waiting on the other."""
-    runs, pending, said = {}, list(names), set()
+    so that two processes share the work instead of one waiting on the other. They are taken from the last
+    lesson back, since tests/test_notebooks.py runs them from the first: when both run at once, they meet
+    once, in the middle. The result is in the order of ``names``."""
+    runs, pending, said = {}, list(reversed(names)), set()
     while pending:
         for name in list(pending):
             if name in gone and name not in said:
@@ -160,7 +162,7 @@ def _runs(names: list[str], gone: list[str], root: Path, run_id: str | None, log
         if pending:  # all that is left is being run elsewhere: wait for the first
             runs[pending[0]] = _run(pending[0], root, run_id, wait=True)
             pending.pop(0)
-    return runs
+    return {name: runs[name] for name in names}
 
 
 def build(dest: Path = ROOT / DEFAULT_DIR, root: Path = ROOT, *, offline: bool = False,
