@@ -328,3 +328,16 @@ def test_the_torch_route_equals_one_process_and_its_traffic_differs_from_the_pla
         assert sent[("all_gather", "tp")] == traffic[("all_gather", "tp")] * 2 / 3, (rank, sent, traffic)
         assert sent[("all_gather", "dp")] == traffic[("all_gather", "dp")] - unit, (rank, sent, traffic)
     assert "Shard(dim=1)" in run.placements["layers.0.attention.wo.weight"], run.placements
+
+
+def test_the_collective_timer_keeps_each_sizes_fastest_launch(factory):
+    """Does helpers.costmodel.measure over 2 launches time every (collective, size) pair it was asked for (each a
+    positive time under a second), and refuse 0 launches saying how many it needs?"""
+    from helpers import costmodel
+
+    sizes = [1 << 12, 1 << 14]
+    timed = costmodel.measure(sizes, world_size=2, ops=["all_reduce", "all_gather"], repeats=3, launches=2)
+    assert sorted(timed.seconds) == sorted((op, n) for op in ("all_gather", "all_reduce") for n in sizes)
+    assert all(0 < t < 1 for t in timed.seconds.values()), timed.seconds
+    with pytest.raises(ValueError, match=r"launches=0: time on at least 1 set of ranks"):
+        costmodel.measure(sizes, launches=0)
