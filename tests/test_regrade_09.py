@@ -30,12 +30,15 @@ def test_state_not_sharded_loses_state_and_traffic(tmp_path):
 
 
 def test_summed_gradients_are_named(tmp_path):
-    """Does an optimizer that sums the ranks' gradients lose the SGD part, with feedback that says to divide?"""
+    """Does an optimizer that sums the ranks' gradients lose the SGD and AdamW parts (AdamW, checked in float64, sees
+    the scale through its eps), with feedback that says to divide?"""
     graded = _regrade(tmp_path, "cal")
     got = graded.scores()
-    assert got["sgd"] == 0 and got["state"] == graded.points["state"]
+    assert got["sgd"] == 0 and got["adamw"] == 0 and got["state"] == graded.points["state"]
     assert got["traffic"] == graded.points["traffic"]
     graded.check_feedback("divide its result by the world size")
+    adamw = next(r for r in graded.results if r["part"] == "adamw")
+    assert "float64" in adamw["message"] and "divide its result by the world size" in adamw["message"], adamw
 
 
 def test_shards_never_gathered_lose_every_part_but_state(tmp_path):

@@ -317,7 +317,9 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
         "carried": carried,
         "state": optimizer_state(opt),
         "reference": reference_params(case, world_size) if rank == 0 else None,
-        "summed": reference_params(case, world_size, summed=True) if rank == 0 and case["optimizer"] == "sgd" else None,
+        # AdamW is nearly blind to the gradients' scale (only its eps sees it): summed gradients show in float64 only.
+        "summed": (reference_params(case, world_size, summed=True)
+                   if rank == 0 and (case["optimizer"] == "sgd" or case["dtype"] == "float64") else None),
     }
 
 
