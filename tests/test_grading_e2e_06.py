@@ -1,14 +1,14 @@
 """Lesson 06 graded end to end with the real nbgrader: realistic wrong wrappers lose the right parts.
 
-A temporary copy of the course receives three learners' versions of lesson 06 and is graded
+A temporary copy of the course receives two learners' versions of lesson 06 and is graded
 with `python -m autograder grade`, the instructor's command: the instructor's answers to
 6.1 (one all-reduce per parameter) and 6.2 (MiniDDP), and mistakes made from them, each a
 line or two away from the answer: a 6.1 that waits for each all-reduce inside its hook and
-gives a parameter no rank used a zero gradient, a MiniDDP with no broadcast at construction,
-and one whose sum is never divided by the world size. The feedback pages must show each
-failing part as its exercise, part, points and message, without the checks' own traceback.
-Two more learners (a 6.1 that never waits, MiniDDPs that reduce every bucket after backward or
-never wait) are decided by the clean re-grade alone in tests/test_regrade_06.py.
+gives a parameter no rank used a zero gradient, and a MiniDDP with no broadcast at construction.
+The feedback page must show each failing part as its exercise, part, points and message, without
+the checks' own traceback. Three more learners (a MiniDDP whose sum is never divided by the world
+size, a 6.1 that never waits, MiniDDPs that reduce every bucket after backward or never wait) are
+decided by the clean re-grade alone in tests/test_regrade_06.py.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def _answers(who: str) -> dict[str, str]:
 
 
 # What each learner hands in (tests/conftest.py grades them with the session's other learners):
-# amy the instructor's answers, the others their mistakes (cid's and dee's: tests/test_regrade_06.py).
-HANDED_IN = {LESSON: {who: _answers(who) for who in ("amy", "ben", "eli")}}
+# amy the instructor's answers, ben his mistakes (cid's, dee's and eli's: tests/test_regrade_06.py).
+HANDED_IN = {LESSON: {who: _answers(who) for who in ("amy", "ben")}}
 
 
 def test_the_instructors_answers_earn_full_marks(graded_lesson):
@@ -80,18 +80,10 @@ def test_waiting_in_the_hook_and_no_broadcast_lose_only_their_parts(graded_lesso
                                  "spare.weight, which no rank used, has a gradient", "None and zero are not the same")
 
 
-def test_forgetting_to_divide_is_named_and_the_buckets_are_judged_on_their_sizes(graded_lesson):
-    """Does a MiniDDP that never divides lose every part that compares gradients, with feedback naming the division,
-    and keep 'buckets', which judges what its heading says (the number and sizes of the all-reduces)?"""
-    assert graded_lesson.scores("eli") == {**graded_lesson.points, "6.2/gradients": 0, "6.2/waits": 0, "6.2/unused": 0}
-    graded_lesson.check_feedback("eli", "divide the summed gradients by the world size")
-
-
 def test_feedback_shows_part_verdict_and_message_not_the_checks_traceback(graded_lesson):
     """Does each failing part's cell on the feedback page read 'Exercise N.M, part "p": 0 of k points.' followed by the
     message, with no frame of the grading code (exercise.py, lesson06.py, gradcheck.py)?"""
     graded_lesson.check_verdicts("ben", {"6.1/per_parameter", "6.1/unused", "6.2/broadcast"})
-    graded_lesson.check_verdicts("eli", {"6.2/gradients", "6.2/waits", "6.2/unused"})
 
 
 def test_grading_run_records_every_learner(graded_lesson):

@@ -1,14 +1,14 @@
 """Lesson 09 graded end to end with the real nbgrader: ShardedOptimizers with frozen and unused parameters.
 
-A temporary copy of the course receives four learners' versions of lesson 09 and is graded
+A temporary copy of the course receives two learners' versions of lesson 09 and is graded
 with `python -m autograder grade`, the instructor's command (issue 48: frozen and unused
-parameters through the instructor's grade command): the instructor's ZeRO-1; a right answer of
-another shape (one flat slice that keeps the frozen layer and puts back the values of
-parameters without a gradient after its step), full marks too; a zero given to the optimizer
-in place of every missing gradient (frozen and unused parameters then move); and a step() that
-exchanges but never steps. The other mistakes of ``MISTAKES`` (state not sharded, gradients
-summed, shards never gathered, a whole-model inner step) and a right subclass of
-``torch.optim.Optimizer`` are decided by the clean re-grade alone in tests/test_regrade_09.py.
+parameters through the instructor's grade command): the instructor's ZeRO-1, and a zero given
+to the optimizer in place of every missing gradient (frozen and unused parameters then move).
+The other mistakes of ``MISTAKES`` (a step() that exchanges but never steps, state not sharded,
+gradients summed, shards never gathered, a whole-model inner step) and two right answers of
+other shapes (one flat slice that keeps the frozen layer and puts back the values of parameters
+without a gradient after its step; a subclass of ``torch.optim.Optimizer``) are decided by the
+clean re-grade alone in tests/test_regrade_09.py.
 """
 from __future__ import annotations
 
@@ -91,10 +91,9 @@ FLAT_SLICE = """class ShardedOptimizer:
             offset += p.numel()
 """
 # What each learner hands in (tests/conftest.py grades them with the session's other learners):
-# amy the instructor's answer, the others their mistake.
-GRADED = ("amy", "gus", "hal")  # through the grade command, with ivy; the others in tests/test_regrade_09.py
-HANDED_IN = {LESSON: {**{who: answers for who, answers in with_mistakes(LESSON, ANSWER, MISTAKES).items() if who in GRADED},
-                      "ivy": {ANSWER: FLAT_SLICE}}}
+# amy the instructor's answer, gus his mistake; the others in tests/test_regrade_09.py.
+GRADED = ("amy", "gus")
+HANDED_IN = {LESSON: {who: answers for who, answers in with_mistakes(LESSON, ANSWER, MISTAKES).items() if who in GRADED}}
 
 
 def test_the_instructors_sharded_optimizer_earns_full_marks(graded_lesson):
@@ -107,19 +106,6 @@ def test_a_zero_for_a_missing_gradient_loses_the_parts_that_compare_parameters(g
     with feedback naming a parameter that moved without a gradient and the fix, and keep "state" and "traffic"?"""
     assert graded_lesson.scores("gus") == {**graded_lesson.points, "sgd": 0, "adamw": 0}
     graded_lesson.check_feedback("gus", "moved, though", "A zero in place of a missing gradient is not the same")
-
-
-def test_an_exchange_without_a_step_earns_nothing(graded_lesson):
-    """Does a step() that reduce-scatters and all-gathers but never steps its slice earn no point at all, "state" and
-    "traffic" included, with feedback saying that nothing was stepped?"""
-    assert graded_lesson.scores("hal") == {part: 0 for part in graded_lesson.points}
-    graded_lesson.check_feedback("hal", "left every parameter as it was", "hold state for 0 elements")
-
-
-def test_one_flat_slice_that_puts_back_idle_values_earns_full_marks(graded_lesson):
-    """Does a right answer of another shape, one flat slice with the frozen layer in it and the values of parameters
-    without a gradient put back after each step, earn every point?"""
-    assert graded_lesson.scores("ivy") == graded_lesson.points
 
 
 def test_grading_run_records_every_learner(graded_lesson):

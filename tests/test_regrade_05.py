@@ -1,4 +1,4 @@
-"""Lesson 05's answers that the clean re-grade alone decides: two right ones of other shapes, and two mistakes.
+"""Lesson 05's answers that the clean re-grade alone decides: two right ones of other shapes, and three mistakes.
 
 Each learner's notebook is written as `python -m autograder grade` receives it and decided by the
 clean re-grade (``autograder.grading.clean``, whose verdicts are the only ones grading counts),
@@ -13,7 +13,7 @@ import pytest
 
 from _grading import regrade
 from devtools.scratch import solution_source
-from test_grading_e2e_05 import AVERAGE, LESSON, TRAIN
+from test_grading_e2e_05 import ANSWERS, AVERAGE, LESSON, TRAIN
 
 pytestmark = pytest.mark.slow  # each test runs a clean re-grade of the whole lesson
 
@@ -93,3 +93,12 @@ def test_reduce_instead_of_all_reduce_is_named(tmp_path):
     assert got["5.1/correct"] == 0 and got["5.1/training"] == 0 and got["5.2/same_steps"] == 0
     assert got["5.1/parameters_unchanged"] == graded.points["5.1/parameters_unchanged"]
     graded.check_feedback("Use dist.all_reduce")
+
+
+def test_forgetting_to_divide_is_named(tmp_path):
+    """Does an average that forgets the division (tests/test_grading_e2e_05.py's dee) lose the gradient and training
+    parts, with feedback that says so?"""
+    graded = regrade(tmp_path, LESSON, "dee", ANSWERS["dee"])
+    assert graded.scores() == {**graded.points, "5.1/correct": 0, "5.1/unused_frozen_tied": 0, "5.1/training": 0,
+                               "5.2/same_steps": 0}
+    graded.check_feedback("Did you divide by the world size?")

@@ -1,4 +1,4 @@
-"""Lesson 06's mistakes that the clean re-grade alone decides: a 6.1 that never waits, MiniDDPs late or unwaited.
+"""Lesson 06's mistakes that the clean re-grade alone decides: a 6.1 that never waits, MiniDDPs late, unwaited or undivided.
 
 Each learner's notebook is written as `python -m autograder grade` receives it and decided by the
 clean re-grade (``autograder.grading.clean``, whose verdicts are the only ones grading counts),
@@ -38,3 +38,11 @@ def test_never_waiting_loses_the_late_rank_part(tmp_path):
     assert got["6.2/waits"] == 0 and got["6.2/broadcast"] == graded.points["6.2/broadcast"]
     assert sum(got.values()) < graded.full_marks
     graded.check_feedback("never called wait()")
+
+
+def test_forgetting_to_divide_is_named_and_the_buckets_are_judged_on_their_sizes(tmp_path):
+    """Does a MiniDDP that never divides lose every part that compares gradients, with feedback naming the division,
+    and keep 'buckets', which judges what its heading says (the number and sizes of the all-reduces)?"""
+    graded = regrade(tmp_path, LESSON, "eli", _answers("eli"))
+    assert graded.scores() == {**graded.points, "6.2/gradients": 0, "6.2/waits": 0, "6.2/unused": 0}
+    graded.check_feedback("divide the summed gradients by the world size")

@@ -1,4 +1,4 @@
-"""Lesson 09's ShardedOptimizers that the clean re-grade alone decides: four mistakes and a right subclass.
+"""Lesson 09's ShardedOptimizers that the clean re-grade alone decides: five mistakes and two right answers.
 
 Each learner's notebook is written as `python -m autograder grade` receives it and decided by the
 clean re-grade (``autograder.grading.clean``, whose verdicts are the only ones grading counts),
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from _grading import regrade, variant
-from test_grading_e2e_09 import ANSWER, LESSON, MISTAKES
+from test_grading_e2e_09 import ANSWER, FLAT_SLICE, LESSON, MISTAKES
 
 pytestmark = pytest.mark.slow  # each test runs a clean re-grade of the whole lesson
 
@@ -59,4 +59,19 @@ def test_a_subclass_of_torchs_optimizer_earns_full_marks(tmp_path):
     """Does a correct ShardedOptimizer that subclasses torch.optim.Optimizer (the whole model in its own
     param_groups, the shard stepped by an inner optimizer) earn every point, "state" included?"""
     graded = _regrade(tmp_path, "fay")
+    assert graded.scores() == graded.points
+
+
+def test_an_exchange_without_a_step_earns_nothing(tmp_path):
+    """Does a step() that reduce-scatters and all-gathers but never steps its slice earn no point at all, "state" and
+    "traffic" included, with feedback saying that nothing was stepped?"""
+    graded = _regrade(tmp_path, "hal")
+    assert graded.scores() == {part: 0 for part in graded.points}
+    graded.check_feedback("left every parameter as it was", "hold state for 0 elements")
+
+
+def test_one_flat_slice_that_puts_back_idle_values_earns_full_marks(tmp_path):
+    """Does a right answer of another shape, one flat slice with the frozen layer in it and the values of parameters
+    without a gradient put back after each step, earn every point?"""
+    graded = regrade(tmp_path, LESSON, "ivy", {ANSWER: FLAT_SLICE})
     assert graded.scores() == graded.points

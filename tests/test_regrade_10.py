@@ -48,3 +48,14 @@ def test_a_strided_split_earns_full_marks_and_gpipes_order_in_1f1b_earns_nothing
     chunks taken one micro-batch at a time 10.4's bubble, with its formula?"""
     graded = _lose(tmp_path, "eli", "10.3/gradients", "10.3/memory", "10.3/bubble", "10.4/bubble")
     graded.check_feedback("order (Exercise 10.2)", "a bubble of (p - 1) / (v m + p - 1)")
+
+
+def test_no_backward_all_reduce_dividing_every_gradient_and_no_warm_up_are_named(tmp_path):
+    """Does an f without its backward all-reduce lose backward and communication, naming f; a GPipe that divides
+    every .grad (the frozen bias and the unused parameter have none) lose gradients alone, with the fix; and a 1F1B
+    with no warm-up lose every part of 10.3, saying the pipeline never fills?"""
+    graded = _lose(tmp_path, "ben", "10.1/backward", "10.1/communication", "10.2/gradients", "10.3/gradients",
+                   "10.3/memory", "10.3/bubble")
+    graded.check_feedback("That is f: the identity in forward, an all-reduce of the gradient in backward",
+                          "backward made no call at all", "a parameter, spare, that its forward never uses",
+                          "if p.grad is not None", "the pipeline never fills")
