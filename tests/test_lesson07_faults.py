@@ -4,7 +4,8 @@ while right answers of other shapes earn everything?
 Every test runs answers under real ``torchrun`` agents with real SIGKILLs, as the hidden tests and the
 self-check do (``autograder.hidden.grade("7.2", ...)``); the answers are the instructor's (``autograder/answers/lesson07.py``)
 with one change each, or written another way. One fault seed for the module (``COURSE_FAULT_SEED``),
-so that a failure here replays.
+so that a failure here replays. Two more mistakes, the RNG restored on rank 0 only and a resume that
+loads a half-written checkpoint, are graded with the whole lesson by tests/test_regrade_07.py.
 """
 
 from __future__ import annotations
@@ -190,25 +191,6 @@ def test_restarting_the_epoch_from_its_first_batch_loses_no_repeat_naming_the_re
     verdicts = _grades(_answer(tmp_path, "position_lost", None, (position, restart)), ("resumes", "no_repeat"))
     assert "seen twice" in verdicts["no_repeat"] and "sampler" in verdicts["no_repeat"], verdicts
     assert "the sampler's epoch or position was not restored" in verdicts["resumes"], verdicts
-
-
-def test_restoring_the_rng_on_rank_zero_only_is_named(tmp_path):
-    """Does restoring torch's RNG state on rank 0 alone lose 'resumes', the feedback naming the ranks whose RNG
-    state was not the checkpoint's and saying 'some ranks only'?"""
-    fn = _answer(tmp_path, "rng_on_zero", None,
-                 ('        torch.set_rng_state(state["rng"])', '        if rank == 0:\n            torch.set_rng_state(state["rng"])'))
-    verdicts = _grades(fn, ("resumes",))
-    assert "RNG state was not the checkpoint's" in verdicts["resumes"], verdicts
-    assert "restored on some ranks only" in verdicts["resumes"], verdicts
-
-
-def test_loading_a_half_written_checkpoint_loses_atomic_only(tmp_path):
-    """Does a resume that takes the newest folder whether or not DCP finished it (no .metadata check) lose 'atomic',
-    the feedback naming the checkpoint that was being written, and keep 'resumes' and 'no_repeat'?"""
-    check = 'if os.path.exists(os.path.join(CKPT_DIR, d, ".metadata"))'
-    verdicts = _grades(_answer(tmp_path, "half_written", None, (check, "")), ("resumes", "no_repeat", "atomic"))
-    assert "was writing when it was killed" in verdicts["atomic"], verdicts
-    assert not verdicts["resumes"] and not verdicts["no_repeat"], verdicts
 
 
 def test_every_rank_saving_to_one_file_loses_atomic_naming_it(tmp_path):
