@@ -316,3 +316,31 @@ def test_a_failure_in_a_notebook_shows_the_exercise_part_and_message_only():
     assert lines[1:] == ["Did you divide?"]
     again = pickle.loads(pickle.dumps(failed.value))
     assert again.exercise == "Exercise 9.1" and again._render_traceback_() == lines
+
+
+def test_a_package_without_bytecode_is_compiled_once_before_grading_and_an_unwritable_one_is_named(tmp_path, monkeypatch):
+    """Does grading's preparation find a package installed without bytecode (uv's default), compile its folder once,
+    then find nothing; and, where the folder is not the grader's to write, name it with the command that would?"""
+    import importlib.util
+
+    from autograder.grading.bytecode import missing, prepare
+
+    site = tmp_path / "site-packages"
+    (site / "unbuilt").mkdir(parents=True)
+    (site / "unbuilt" / "__init__.py").write_text("VALUE = 1\n")
+    (site / "unbuilt" / "inner.py").write_text("OTHER = 2\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert missing(("unbuilt", "json")) == [site]
+
+    said: list[str] = []
+    assert prepare(("unbuilt",), say=said.append, writable=lambda folder: False) == [site]
+    assert len(said) == 1 and "is not yours to write" in said[0], said
+    assert f"-m compileall -q -j 0 {site}" in said[0], said
+
+    said.clear()
+    assert prepare(("unbuilt",), say=said.append) == []
+    assert len(said) == 1 and said[0].startswith(f"Compiling the bytecode of {site} once"), said
+    for module in ("__init__.py", "inner.py"):
+        assert Path(importlib.util.cache_from_source(str(site / "unbuilt" / module))).is_file(), module
+    said.clear()
+    assert prepare(("unbuilt",), say=said.append) == [] and said == []

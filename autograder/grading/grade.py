@@ -201,9 +201,11 @@ def grade(source: Path, jobs: int | None = None, sandboxed: bool = True, only_un
     alembic_head_in_process()  # ... but not to create a gradebook (autograder.notebooks.imports)
     quiet_gradebook()
     if sandboxed and workers.local:  # a cluster's workers are checked once they are connected
+        from .bytecode import prepare
         from .sandbox import require
 
         require()
+        prepare()  # the sandbox shows the packages read-only: their bytecode must be there before it starts
     started = time.monotonic()
     grades = WORK / "grades.csv"
     found = collect(source)
