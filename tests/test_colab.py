@@ -48,8 +48,9 @@ def _installer(python: Path) -> list[str]:
     """The command that installs packages into ``python``'s environment as pip would pick them, without bytecode.
 
     uv (the test extra installs it beside this Python) when it is there: 3 s where pip takes 16 s. uv does
-    not read pip's settings, so the folders of wheels pip is told to look in (``find-links``: a machine's
-    local torch build) and its constraints are handed on; otherwise both take packages from PyPI.
+    not read pip's settings, so the indexes and folders of wheels pip is told to use (``find-links``: a
+    machine's local torch build) and its constraints are handed on, with pip's way of choosing among several
+    indexes (the newest version any of them has); otherwise both take packages from PyPI.
     """
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
@@ -58,11 +59,12 @@ def _installer(python: Path) -> list[str]:
     flags = []
     for line in settings.splitlines():
         key, _, value = line.partition("=")
-        option = {"find-links": "--find-links", "constraint": "--constraint"}.get(key.rsplit(".", 1)[-1])
+        option = {"find-links": "--find-links", "constraint": "--constraint", "index-url": "--index-url",
+                  "extra-index-url": "--extra-index-url"}.get(key.rsplit(".", 1)[-1])
         for item in value.strip("'\"").split() if option else ():
             if item not in flags:  # pip lists a setting once per place it is set
                 flags += [option, item]
-    return [uv, "pip", "install", "--quiet", "--python", str(python), *flags]
+    return [uv, "pip", "install", "--quiet", "--python", str(python), "--index-strategy", "unsafe-best-match", *flags]
 
 
 def _torch_spec() -> list[str]:
