@@ -44,16 +44,17 @@ def _run(cmd: list[str], **kwargs) -> str:
     return done.stdout
 
 
-def _installer(python: Path) -> list[str]:
+def _installer(python: Path, torch_spec: list[str]) -> list[str]:
     """The command that installs packages into ``python``'s environment as pip would pick them, without bytecode.
 
     uv (the test extra installs it beside this Python) when it is there: 3 s where pip takes 16 s. uv does
     not read pip's settings, so the indexes and folders of wheels pip is told to use (``find-links``: a
     machine's local torch build) and its constraints are handed on, with pip's way of choosing among several
-    indexes (the newest version any of them has); otherwise both take packages from PyPI.
+    indexes (the newest version any of them has); otherwise both take packages from PyPI. A ``torch_spec``
+    with options of its own (``COLAB_TORCH_SPEC``: pip arguments, an index URL perhaps) goes to pip as given.
     """
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    if uv is None:
+    if uv is None or any(arg.startswith("-") for arg in torch_spec):
         return [str(python), "-m", "pip", "install", "-q", "--no-compile"]
     settings = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
     flags = []
@@ -83,7 +84,8 @@ def colab(tmp_path_factory):
     # What Colab brings, installed without compiling it to bytecode first (pip's default): 16 s instead of 35 s here
     # with pip, 3 s with uv, and the kernel compiles the modules it imports once. The course's own install, in the
     # notebook's first cell, is the learner's pip command as it is.
-    _run([*_installer(python), *_torch_spec(), *COLAB_PACKAGES])
+    torch_spec = _torch_spec()
+    _run([*_installer(python, torch_spec), *torch_spec, *COLAB_PACKAGES])
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
     (site / "google" / "colab").mkdir(parents=True)
     (site / "google" / "colab" / "__init__.py").write_text('"""Stand-in for Colab\'s own module: marks this Python as Colab."""\n')
