@@ -459,6 +459,23 @@ def divides_before_wait(model):
         work.wait()
 
 
+def does_nothing(model):
+    pass                                                                # the weights stay, and so do the gradients
+
+
+def reduce_to_rank_0(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.reduce(p.grad, dst=0)                                  # only rank 0 gets the sum
+            p.grad /= dist.get_world_size()
+
+
+def forgets_to_divide(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
 def _average(model):
     for p in model.parameters():
         dist.all_reduce(p.grad)
@@ -518,6 +535,27 @@ def test_5_1_and_5_2_feedback_names_the_mistake(number, mistake, says):
     loop and a batch split between the ranks, instead of a number or an unrelated hint?"""
     with pytest.raises(GradingFailure, match=says):
         exercise(number).self_check(_LESSON05[mistake])
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ("does_nothing", r"each rank with slightly different weights: after average_gradients rank 1's \S+\.grad differs "
+                     r"from rank 0's\. Every rank still holds the gradient it computed itself: nothing was averaged\."),
+    ("reduce_to_rank_0", r"rank 1's \S+\.grad differs from rank 0's\. This part pays for gradients averaged over the "
+                         r"ranks with the weights left alone"),
+])
+def test_5_1_weights_part_pays_only_when_the_gradients_were_exchanged(mistake, says):
+    """Does 5.1's "parameters_unchanged" (only the gradients change) refuse an answer that changes nothing, and one
+    that leaves the ranks with different gradients, though neither touches the weights?"""
+    with pytest.raises(GradingFailure, match=says):
+        grade("5.1", _LESSON05[mistake], "parameters_unchanged")
+
+
+def test_5_1_weights_part_pays_a_sum_that_forgets_to_divide():
+    """Does an average that forgets the division keep "parameters_unchanged" (its gradients are exchanged and its
+    weights untouched; the division is judged by "correct") while losing "correct"?"""
+    grade("5.1", _LESSON05["forgets_to_divide"], "parameters_unchanged")
+    with pytest.raises(GradingFailure, match=r"(?i)did you divide by the world size\?"):
+        grade("5.1", _LESSON05["forgets_to_divide"], "correct")
 
 
 def test_a_flat_all_reduce_is_correct_but_not_hierarchical():

@@ -87,12 +87,13 @@ def test_averaging_the_weights_is_named(tmp_path):
 
 
 def test_reduce_instead_of_all_reduce_is_named(tmp_path):
-    """Does `reduce` (the sum reaches rank 0 only) lose the gradient parts, with feedback naming all_reduce?"""
+    """Does `reduce` (the sum reaches rank 0 only) lose the gradient parts, "parameters_unchanged" too (the ranks end
+    with different gradients), with feedback naming all_reduce?"""
     graded = _regrade(tmp_path, "fay", REDUCE_NOT_ALL_REDUCE)
     got = graded.scores()
     assert got["5.1/correct"] == 0 and got["5.1/training"] == 0 and got["5.2/same_steps"] == 0
-    assert got["5.1/parameters_unchanged"] == graded.points["5.1/parameters_unchanged"]
-    graded.check_feedback("Use dist.all_reduce")
+    assert got["5.1/parameters_unchanged"] == 0
+    graded.check_feedback("Use dist.all_reduce", "every rank must end with the same gradients")
 
 
 def test_forgetting_to_divide_is_named(tmp_path):

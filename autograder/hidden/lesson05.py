@@ -41,8 +41,17 @@ def _unused_frozen_tied(attempt: Attempt) -> None:
 
 
 def _parameters_unchanged(attempt: Attempt) -> None:
+    """With different weights on every rank: the weights stay as they were, and the gradients were exchanged.
+
+    Leaving everything alone must not pass, so every rank has to end with the same gradients (what averaging over
+    the ranks gives). Whether they are the exact mean is the other parts' question: an average that forgets to divide
+    still changes only the gradients.
+    """
+    import torch
+
     for kind, world_size in (("mlp", 3), ("frozen", 2)):
         replies = _run_grads(attempt, kind, "float32", world_size, spread=True)
+        where = f"on {plural(world_size, 'rank')}, each rank with slightly different weights"
         for rank, reply in enumerate(replies):
             if reply["changed"]:
                 same = all(
@@ -51,9 +60,22 @@ def _parameters_unchanged(attempt: Attempt) -> None:
                 )
                 hint = (" The ranks' weights are now equal: it looks like the weights were averaged instead "
                         "of the gradients." if same and world_size > 1 else "")
-                attempt.fail(f"on {plural(world_size, 'rank')}, each rank with slightly different weights, rank "
-                             f"{rank}: average_gradients changed the parameter {reply['changed'][0]} itself. Only "
-                             f"the .grad tensors may change; the optimizer changes the weights.{hint}")
+                attempt.fail(f"{where}, rank {rank}: average_gradients changed the parameter {reply['changed'][0]} "
+                             f"itself. Only the .grad tensors may change; the optimizer changes the weights.{hint}")
+        first = replies[0]["grads"]
+        for name, want in first.items():
+            for rank, reply in enumerate(replies[1:], start=1):
+                got = reply["grads"][name]
+                if (want is None) != (got is None) or (
+                        want is not None and not torch.allclose(got, want, rtol=1e-5, atol=1e-6)):
+                    kept = all(r["grads"][name] is r["local"][name] is None or (
+                        r["grads"][name] is not None and r["local"][name] is not None
+                        and torch.equal(r["grads"][name], r["local"][name])) for r in replies)
+                    why = (" Every rank still holds the gradient it computed itself: nothing was averaged."
+                           if kept else "")
+                    attempt.fail(f"{where}: after average_gradients rank {rank}'s {name}.grad differs from rank 0's."
+                                 f"{why} This part pays for gradients averaged over the ranks with the weights left "
+                                 "alone, so every rank must end with the same gradients.")
 
 
 def _training(attempt: Attempt) -> None:

@@ -108,7 +108,8 @@ def grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name:
                  per_rank: int, spread: bool) -> dict[str, Any]:
     """One backward pass on this rank's shard, then the learner's averaging.
 
-    With ``spread`` every rank's weights differ a little (the learner must not touch them).
+    With ``spread`` every rank's weights differ a little (the learner must not touch them), and the reply also holds
+    the gradients this rank computed itself, before the learner's code ran.
     """
     import torch
 
@@ -121,10 +122,13 @@ def grad_worker(rank: int, world_size: int, fn: Callable, kind: str, dtype_name:
     part = slice(rank * per_rank, (rank + 1) * per_rank)
     shard_loss(model, kind, x[part], y[part], rank).backward()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    # With spread weights there is no one-process reference; the ranks' own gradients say whether any were exchanged.
+    local = {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
     reference = None if spread else reference_grads(kind, dtype_name, seed, world_size, per_rank)
     _, calls = recorded(lambda: fn(model))
     return {
         "reference": reference,
+        "local": local if spread else None,
         "asynchronous": read_before_wait(calls),
         "grads": {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()},
         "changed": [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])],
