@@ -537,6 +537,18 @@ def test_5_1_and_5_2_feedback_names_the_mistake(number, mistake, says):
         exercise(number).self_check(_LESSON05[mistake])
 
 
+def test_a_ring_that_exchanges_nothing_earns_no_hang():
+    """Does 4.4's "no_hang" refuse a ring_allreduce that returns at once (it cannot deadlock), naming what the rank
+    never did, and still pay the instructor's ring?"""
+    def returns_at_once(tensor):
+        return tensor
+
+    with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks with 7 elements, rank 0 finished, but it neither "
+                                             r"sent nor received a point-to-point message"):
+        grade("4.4", returns_at_once, "no_hang")
+    grade("4.4", ring_allreduce, "no_hang")
+
+
 @pytest.mark.parametrize("mistake, says", [
     ("does_nothing", r"each rank with slightly different weights: after average_gradients rank 1's \S+\.grad differs "
                      r"from rank 0's\. Every rank still holds the gradient it computed itself: nothing was averaged\."),

@@ -67,6 +67,10 @@ def raises_a_long_message_naming_a_course_file():
     dist.destroy_process_group()
 
 
+def does_nothing():
+    pass  # every process exits 0, and none ever had a process group to leave alive
+
+
 def _feedback(fn, part: str = "runs") -> str:
     with pytest.raises(GradingFailure) as failed:
         if part == "self-check":
@@ -127,6 +131,14 @@ def test_a_main_without_the_barrier_loses_clean_exit(tmp_path):
     main = _answer_with(tmp_path, "no_barrier", "    dist.barrier()  ", "    pass  ")
     text = _feedback(main, "clean_exit")
     assert "did not wait at a dist.barrier() for rank 0's checkpoint" in text, text
+
+
+@pytest.mark.parametrize("part", ["runs", "clean_exit"])
+def test_a_main_that_does_nothing_earns_neither_runs_nor_clean_exit(part):
+    """Does a main() that returns at once lose 'runs' (every process exits 0) and 'clean_exit' (no group is left
+    alive), each naming the process group it never made?"""
+    text = _feedback(does_nothing, part)
+    assert "rank 0 exited without ever making a process group (dist.init_process_group)" in text, text
 
 
 def test_a_long_message_is_cut_between_words_so_the_feedback_names_no_folder_of_the_grader():

@@ -237,6 +237,17 @@ def test_a_group_left_alive_or_a_process_left_running_loses_clean_exit_only(tmp_
     assert "left 1 process(es) running" in verdicts["clean_exit"] and "sleep 20" in verdicts["clean_exit"], verdicts
 
 
+def resilient_does_nothing():
+    pass
+
+
+def test_a_script_that_does_nothing_loses_clean_exit_too():
+    """Does a resilient_main() that returns at once (no group left alive, no process left running) lose 'clean_exit',
+    naming the process group it never made?"""
+    verdicts = _grades(resilient_does_nothing, ("clean_exit",))
+    assert "exited without ever making a process group (dist.init_process_group)" in verdicts["clean_exit"], verdicts
+
+
 def test_the_self_check_passes_the_instructors_answer_and_names_its_seed(tmp_path, capsys):
     """Does the visible self-check (2 processes, one killed) pass the instructor's answer and name the fault's seed?"""
     exercise("7.2").self_check(_answer(tmp_path, "instructors", None))

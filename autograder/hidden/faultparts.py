@@ -25,7 +25,7 @@ from autograder.lessons import faultjudge as judge
 from autograder.lessons import faults
 from autograder.kit.exercise import Attempt, GradingFailure
 from autograder.kit.torchrun import ScriptRun, run_together, source_key
-from autograder.kit.torchrun_feedback import failure_text
+from autograder.kit.torchrun_feedback import failure_text, group_problem
 from autograder.kit.torchrun_programs import clip
 
 __all__ = ["resumes", "no_repeat", "atomic", "reshard", "clean_exit", "RESHARD_STEPS"]
@@ -184,6 +184,10 @@ def reshard(attempt: Attempt) -> None:
 def clean_exit(attempt: Attempt) -> None:
     jobs = _round_two(attempt)
     judge.ran(attempt, jobs["straight"])  # a job must end for its exits to be judged; the faulted ones are judged
+    problem = group_problem(jobs["straight"])
+    if problem:  # a process that never made a group has none to destroy: that proves nothing
+        attempt.fail(f"under {jobs['straight'].where}, {problem}: this part pays for every process destroying the "
+                     "group it trained in, so each must first have joined the job's group.")
     for name in ("straight", "killed", "torn", "on_two", "on_three"):  # where they ended (their failures are
         run = jobs[name]                                                 # the other parts' business)
         if not run.ok:

@@ -78,10 +78,22 @@ def _point_to_point(attempt: Attempt) -> None:
 
 
 def _no_hang(attempt: Attempt) -> None:
+    """Finishes in time on odd and even world sizes, every rank having sent and received: a ring that exchanges
+    nothing cannot deadlock, so finishing would prove nothing. (Whether the sums are right is "correct"'s question.)"""
     seed = fresh_seed()
     for world in (2, 3, 4, 5):
-        attempt.run(all_reduce_worker, world, (attempt.fn, [((7,), "float32")], seed), timeout=TIMEOUT_NO_HANG,
-                    context="7 float32 elements")
+        result = attempt.run(all_reduce_worker, world, (attempt.fn, [((7,), "float32")], seed),
+                             timeout=TIMEOUT_NO_HANG, trace=True, context="7 float32 elements")
+        for rank in range(world):
+            events = result.trace.for_rank(rank)
+            sent, received = any(e.is_send for e in events), any(e.is_recv for e in events)
+            if not (sent and received):
+                did = ("neither sent nor received a" if not (sent or received)
+                       else "received no" if sent else "sent no")
+                attempt.fail(f"on {world} ranks with 7 elements, rank {rank} finished, but it {did} point-to-point "
+                             "message. This part pays for a ring that "
+                             "finishes on odd and even world sizes; one that exchanges nothing cannot deadlock, so "
+                             "it proves nothing. Move the chunks between neighbours with send/recv (or isend/irecv).")
 
 
 # Each graded part's check, by exercise and part: what the hidden test cell of that part runs.

@@ -15,7 +15,7 @@ as JSON in the job's folder:
 
 - ``saves.jsonl``: every ``torch.save`` (rank and path), and ``saved.jsonl`` when each returned;
 - ``barriers.jsonl``: when each ``dist.barrier`` (or ``monitored_barrier``) returned, on which rank;
-- ``exit-RANK.json``: whether the process group was still alive at exit, and its threads;
+- ``exit-RANK.json``: whether the process group was still alive at exit, the group's rank and size, its threads;
 - ``error-RANK.json``: how the script ended when it did not return: the exception's type,
   message and frames (file, line, function, source), none for ``sys.exit`` (its output says
   why), and the command-line options the script declared with ``argparse``; feedback is built
@@ -107,9 +107,7 @@ class Failure:
     @property
     def exception(self) -> str:
         """``ValueError: bad batch``, or ``""`` without a Python exception."""
-        if not self.exc_type:
-            return ""
-        return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+        return f"{self.exc_type}: {self.exc_message}" if self.exc_type and self.exc_message else self.exc_type
 
 
 @dataclass
@@ -127,6 +125,7 @@ class ScriptRun:
     saved: dict[str, list[float]] = field(default_factory=dict)  # rank -> when each of its torch.save calls returned
     barriers: dict[str, list[float]] = field(default_factory=dict)  # rank -> when each of its barriers returned
     exits: dict[str, bool] = field(default_factory=dict)  # rank -> group still alive at exit
+    joined: dict[str, list[int] | None] = field(default_factory=dict)  # rank -> [rank, world size] of its group
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     children: dict[str, list[str]] = field(default_factory=dict)  # rank -> its child processes still alive at exit
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
@@ -325,6 +324,7 @@ def _read_records(run: ScriptRun) -> None:
         record = _json(path) or {}
         if "rank" in record:
             run.exits[record["rank"]] = bool(record.get("group_alive"))
+            run.joined[record["rank"]] = record.get("joined")
             run.threads[record["rank"]] = record.get("threads", [])
             run.children[record["rank"]] = record.get("children", [])
     for path in sorted(folder.glob("stack-*.txt"), key=_attempt_of):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .pieces import plural
 from .torchrun import SCRIPT, STDERR_LINES, Failure, Frame, ScriptRun
 from .torchrun_programs import clip
 
-__all__ = ["failure_text", "describe_failure"]
+__all__ = ["failure_text", "describe_failure", "group_problem"]
 
 
 def _short(filename: str, folder: Path) -> str:
@@ -118,3 +119,19 @@ def failure_text(run: ScriptRun) -> str | None:
                 f"code {run.codes[first.agent]}). The first to fail:\n{describe_failure(run, first)}{also}{hint}")
     agent, code = failed[0]  # no agent recorded a failed process (the agent itself failed): the job's last lines
     return f"under {run.where}, torchrun agent {agent} exited with code {code}. The job's last lines:\n{run.tail()}{hint}"
+
+
+def group_problem(run: ScriptRun) -> str | None:
+    """What was wrong with the process groups of the processes that exited (None: each joined one group of the whole
+    job under its own global rank): a process that made none, or one of another size or rank."""
+    for rank in sorted(run.exits, key=lambda r: (not r.isdigit(), int(r) if r.isdigit() else 0, r)):
+        joined = run.joined.get(rank)
+        if joined is None:
+            return f"rank {rank} exited without ever making a process group (dist.init_process_group)"
+        if joined[1] != run.world_size:
+            return (f"rank {rank} made a process group of {plural(joined[1], 'process', 'processes')}; the job "
+                    f"has {run.world_size} (WORLD_SIZE, which torchrun sets)")
+        if str(joined[0]) != rank:
+            return (f"the process torchrun started as global rank {rank} joined its process group as rank "
+                    f"{joined[0]} (use RANK, not LOCAL_RANK)")
+    return None

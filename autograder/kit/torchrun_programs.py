@@ -113,10 +113,12 @@ def _native_threads():
     except OSError:  # not Linux
         return []
 _groups = []  # the process groups the script made, held here: see the note on the last reference
+_joined = []  # [rank, world size] of the default group the script made, for the exit record
 _init_process_group = dist.init_process_group
 def _kept_init_process_group(*args, **kwargs):
     result = _init_process_group(*args, **kwargs)
     _groups.append(dist.distributed_c10d._get_default_group())
+    _joined[:] = [dist.get_rank(), dist.get_world_size()]
     return result
 dist.init_process_group = _kept_init_process_group
 if os.environ.get("COURSE_FAULT_PLAN"):  # a fault-tolerance job: record every step, and the planned fault
@@ -147,7 +149,8 @@ def _finish(release):
             dist.destroy_process_group()
         del _groups[:]  # the last references; a ProcessGroup's dealloc lets go of the GIL while gloo's threads end
     with open(os.path.join(LOG, f"exit-{RANK}-{ATTEMPT}.json"), "w") as out:
-        json.dump({"rank": RANK, "attempt": int(ATTEMPT), "group_alive": alive, "threads": _native_threads(),
+        json.dump({"rank": RANK, "attempt": int(ATTEMPT), "group_alive": alive, "joined": _joined or None,
+                   "threads": _native_threads(),
                    "children": _children()}, out)
 atexit.register(_finish, False)
 def _script():

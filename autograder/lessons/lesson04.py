@@ -235,7 +235,8 @@ exercise_4_4 = Exercise(
         Part("correct", 4, "the right sums on 1-8 ranks, uneven and tiny sizes, 3 dtypes, several shapes."),
         Part("point_to_point", 2, "still correct with every built-in collective disabled; data moves by send/recv."),
         Part("bandwidth", 3, "each rank sends exactly 2(p-1) messages of at most ceil(n/p) elements (to any peer)."),
-        Part("no_hang", 1, "finishes promptly on 2, 3, 4 and 5 ranks (no deadlock for odd or even world sizes)."),
+        Part("no_hang", 1, "finishes promptly on 2, 3, 4 and 5 ranks, every rank sending and receiving (no "
+             "deadlock for odd or even world sizes)."),
     ),
     visible_check=_self_check,
     forbid=DATA_COLLECTIVES + (COURSE_RING,),

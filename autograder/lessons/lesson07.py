@@ -44,6 +44,7 @@ from .faults import course_72, make_dataset
 from ..kit.exercise import Attempt, Exercise, Part
 from ..kit.pieces import plural
 from ..kit.torchrun import ScriptRun
+from ..kit.torchrun_feedback import group_problem
 
 __all__ = ["EXERCISES", "exercise_7_1", "exercise_7_2", "make_model", "make_dataset", "COURSE", "course_72"]
 
@@ -71,6 +72,17 @@ COURSE: dict[str, Any] = {"make_model": make_model, "make_dataset": make_dataset
 def _job(attempt: Attempt, nnodes: int, nproc: int) -> ScriptRun:
     """The learner's main() under torchrun, with the course's model, data and constants; fails the part if it failed."""
     return attempt.torchrun(nnodes, nproc, replace=COURSE, fork=True)
+
+
+def _runs(attempt: Attempt, run: ScriptRun | None = None) -> ScriptRun:
+    """Every process ended well, having joined the job's process group under its global rank."""
+    run = run or _job(attempt, 2, 2)
+    problem = group_problem(run)
+    if problem:
+        attempt.fail(f"under {run.where}, {problem}. Every process exited 0, but a script that never joins the job "
+                     "has not run under torchrun in any way that counts: call dist.init_process_group() with "
+                     "torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) before training.")
+    return run
 
 
 def _final_losses(run: ScriptRun) -> list[float]:
@@ -153,8 +165,15 @@ def _rank_zero_only(attempt: Attempt, run: ScriptRun | None = None) -> None:
 
 def _clean_exit(attempt: Attempt, run: ScriptRun | None = None) -> None:
     run = run or _job(attempt, 2, 2)
+    problem = group_problem(run)
+    if problem:
+        attempt.fail(f"under {run.where}, {problem}: this part pays for every process of the job waiting for rank "
+                     "0's checkpoint and then destroying its process group, so each must first have joined it.")
     written = max(run.saved.get("0", []), default=None)  # when rank 0's checkpoint was on disk
-    if written is not None:
+    if written is None:
+        attempt.fail(f"under {run.where}, rank 0 saved no checkpoint, so no process could wait for it: save it on "
+                     "rank 0, then call dist.barrier() on every rank.")
+    else:
         left = [rank for rank in map(str, range(run.world_size)) if not any(t >= written for t in run.barriers.get(rank, []))]
         if left:
             attempt.fail(f"under {run.where}, {'rank' if len(left) == 1 else 'ranks'} {', '.join(left)} did not wait at "
@@ -186,7 +205,8 @@ exercise_7_1 = Exercise(
     function="main",
     title="a launcher-ready training script",
     parts=(
-        Part("runs", 2, "two torchrun agents of two processes each: every process exits 0."),
+        Part("runs", 2, "two torchrun agents of two processes each: every process joins the job's process group "
+             "and exits 0."),
         Part("same_result", 3, "the saved weights and printed loss equal one process on the same batches."),
         Part("rank_zero_only", 2, "global rank 0 alone saves the checkpoint and prints the loss."),
         Part("clean_exit", 1, "every process waits at a barrier for rank 0's checkpoint, then destroys its process "
