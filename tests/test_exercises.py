@@ -543,8 +543,8 @@ def test_a_ring_that_exchanges_nothing_earns_no_hang():
     def returns_at_once(tensor):
         return tensor
 
-    with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks with 7 elements, rank 0 finished, but it neither "
-                                             r"sent nor received a point-to-point message"):
+    with pytest.raises(GradingFailure, match=r"no_hang: on 2 ranks with 7 elements, rank 0 finished, but it sent no "
+                                             r"point-to-point message"):
         grade("4.4", returns_at_once, "no_hang")
     grade("4.4", ring_allreduce, "no_hang")
 
@@ -970,3 +970,35 @@ def test_docstring_examples_run(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0, f"{module} shows no runnable example"
     assert result.failed == 0, f"{result.failed} docstring examples of {module} failed"
+
+
+# -- an answer that does nothing earns nothing ------------------------------------------------------
+
+
+def _returns_nothing(*args, **kwargs):
+    return None
+
+
+def _returns_its_input(*args, **kwargs):
+    return args[0] if args else None
+
+
+@pytest.mark.parametrize("number", [ex.number for ex in exercises()])
+def test_no_part_pays_an_answer_that_does_nothing(number):
+    """Does every graded part of every exercise refuse an answer that does nothing (returns None, or hands back its
+    first argument untouched), as the learner's failure? A part that pays one pays for something the answer never
+    did (it cannot deadlock, corrupt a checkpoint or touch the weights), and a check that breaks on one (a class
+    that gives None, or lacks the method the check calls) would tell the learner the course is at fault."""
+    paid, blamed = [], []
+    for answer in (_returns_nothing, _returns_its_input):
+        for part in exercise(number).parts:
+            try:
+                grade(number, answer, part.name)
+            except GradingFailure:
+                continue
+            except CheckError as err:
+                blamed.append(f"{part.name} ({answer.__name__}): {str(err).splitlines()[0]}")
+                continue
+            paid.append(f"{part.name} ({answer.__name__})")
+    assert not paid, f"Exercise {number} pays an answer that does nothing on: {paid}"
+    assert not blamed, f"Exercise {number}'s checks blame the course for an answer that does nothing: {blamed}"

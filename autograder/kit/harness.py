@@ -42,6 +42,8 @@ from helpers.launcher import run_settings
 from helpers.settings import LaunchSettings
 from helpers._runtime.protocol import Frame
 
+from .pieces import AnswerError
+
 __all__ = [
     "GradingFailure",
     "CheckError",
@@ -367,6 +369,8 @@ def run_ranks(
                     "pipelining": "torch's own pipelining (torch.distributed.pipelining)"}.get(
                 err.original.family, f"torch's own {err.original.name}" if err.original.name else "a switched-off call")
             raise GradingFailure(f"rank {err.rank} called {what} {where}: {err.exc_message}", part) from None
+        if isinstance(err.original, AnswerError):  # what the learner's code made cannot be used: their mistake
+            raise GradingFailure(f"{where}, rank {err.rank}: {err.exc_message}", part) from None
         fault = course_frame(err.frames)
         if fault is not None:
             raise CheckError(

@@ -6,6 +6,7 @@
 - :func:`by_world_size`: cases grouped so that each world size is one launch;
 - :func:`silent_ranks`: ranks that sent or received no point-to-point message (from a trace);
 - :func:`plural`: ``"1 rank"``, ``"3 ranks"``;
+- :func:`usable`: what the learner's class made, checked for what the check calls on it (:class:`AnswerError`);
 - :func:`recorded`: the learner's code run on a rank with its ``torch.distributed`` calls recorded;
 - :func:`read_before_wait`: whether those calls left data that was still arriving (an ``irecv`` or an
   asynchronous collective) for the learner to read.
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 from helpers import LaunchResult
 
 __all__ = ["call_learner", "plural", "seeded_tensor", "Difference", "first_difference", "by_world_size", "silent_ranks",
-           "recorded", "read_before_wait", "HALF_FINISHED"]
+           "recorded", "read_before_wait", "HALF_FINISHED", "AnswerError", "usable"]
 
 #: What a check adds when wrong values come with an answer that used data still arriving.
 HALF_FINISHED = ("The values look like a half-finished exchange: a buffer filled by dist.irecv, or by a collective "
@@ -141,6 +142,38 @@ def silent_ranks(
         if word:
             found.append((rank, word))
     return found
+
+
+class AnswerError(TypeError):
+    """What the learner's code made cannot be used as the exercise asks (None, a missing method). Raised on a rank by
+    :func:`usable`; the harness reports it as the learner's failed part, not as a fault of the course's check."""
+
+
+def usable(made: Any, call: str, methods: Sequence[str] = (), module: bool = False) -> Any:
+    """Return ``made``, what the learner's ``call`` gave back, if the check can use it: a ``torch.nn.Module`` when
+    ``module``, with every method of ``methods``. Otherwise raise :class:`AnswerError` saying what it lacks.
+
+    >>> usable(None, "MiniDDP(model)", ("finish_gradient_synchronization",), module=True)
+    Traceback (most recent call last):
+    ...
+    autograder.kit.pieces.AnswerError: MiniDDP(model) gave None, not a torch.nn.Module: a function that ends without `return` gives None; a class gives its object.
+    """
+    if made is None:
+        wanted = "a torch.nn.Module" if module else f"an object with a {methods[0]}() method" if methods else "an object"
+        raise AnswerError(f"{call} gave None, not {wanted}: a function that ends without `return` gives None; a class "
+                          "gives its object.")
+    if module:
+        import torch
+
+        if not isinstance(made, torch.nn.Module):
+            raise AnswerError(f"{call} gave an object of type {type(made).__name__}, not a torch.nn.Module: subclass "
+                              "nn.Module, so that its parameters are found and calling it runs forward().")
+    missing = [m for m in methods if not callable(getattr(made, m, None))]
+    if missing:
+        raise AnswerError(f"{call} gave an object of type {type(made).__name__}, which has no {missing[0]}() method; "
+                          "the check calls it by the name the exercise gives. Define it on the class under exactly "
+                          "that name.")
+    return made
 
 
 def recorded(call: Callable[[], Any]) -> tuple[Any, list]:

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from ..kit.exercise import Attempt
-from ..kit.pieces import HALF_FINISHED, plural, read_before_wait, recorded
+from ..kit.pieces import HALF_FINISHED, plural, read_before_wait, recorded, usable
 
 __all__ = ["graded_model", "graded_batch", "shard_loss", "reference_grads", "grad_worker", "signature_worker",
            "judge_signature", "training_worker", "WIDTHS", "LATE", "wrapper_model", "wrapper_batch", "wrapper_reference",
@@ -329,7 +329,8 @@ def wrapper_step_worker(rank: int, world_size: int, cls: Callable, seed: int, ki
     inst = current()
     lr = 0.1
     model = wrapper_model(seed, kind, dtype_name)
-    wrapped = cls(model, **options)
+    wrapped = usable(cls(model, **options), f"{getattr(cls, '__name__', 'your class')}(model)",
+                     ("finish_gradient_synchronization",), module=True)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     first_layer = [p for p in model.layers[0].parameters() if p.requires_grad]
     marks: list[float] = []

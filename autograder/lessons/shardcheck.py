@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..kit.pieces import usable
+
 __all__ = ["OPTIMIZERS", "SLACK", "EARLY_STEPS", "graded_model", "without_gradient", "graded_batch", "model_sizes",
            "reference_params",
            "sharded_worker", "optimizer_state", "gathered_problem", "exchange_problem", "REDUCE_SCATTERS",
@@ -275,7 +277,8 @@ def sharded_worker(rank: int, world_size: int, cls: Callable, case: dict) -> dic
     carried: list[str | None] = []
     model = graded_model(case["seed"], case["vocab"], case["width"], case["dtype"])
     optimizer, kwargs = _optimizer(case["optimizer"])
-    opt = cls(model.parameters(), optimizer, **kwargs)
+    opt = usable(cls(model.parameters(), optimizer, **kwargs),
+                 f"{getattr(cls, '__name__', 'your class')}(params, {optimizer.__name__})", ("step",))
     early = min(case.get("early", EARLY_STEPS), case["steps"])
     # Each parameter's value from the moment it has no gradient any more: it must stay there.
     settled = {name: p.detach().clone() for name, p in model.named_parameters() if without_gradient(name, case)}

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..kit.pieces import usable
+
 __all__ = ["SIZES", "TOLERANCE", "ITEM", "FULL_NAMES", "mlp_worker", "identify", "describe", "select"]
 
 #: The graded MLP: fc1 = Linear(d, hidden), fc2 = Linear(hidden, out), a batch of ``rows``. Every width
@@ -172,7 +174,7 @@ def mlp_worker(rank: int, world_size: int, cls: Callable, seed: int, dtype_name:
     x.requires_grad_(True)
     inst = current()
     tracing = inst.tracing if inst is not None else False
-    model = cls(fc1, fc2)
+    model = usable(cls(fc1, fc2), f"{getattr(cls, '__name__', 'your class')}(fc1, fc2)", module=True)
     params = dict(model.named_parameters())
     dtensors = [name for name, p in params.items() if type(p).__name__ == "DTensor" or
                 type(getattr(p, "data", None)).__name__ == "DTensor"]
