@@ -141,6 +141,16 @@ def test_a_main_that_does_nothing_earns_neither_runs_nor_clean_exit(part):
     assert "rank 0 exited without ever making a process group (dist.init_process_group)" in text, text
 
 
+def test_a_group_made_through_torchs_own_module_earns_runs_and_clean_exit(tmp_path):
+    """Does a main() that makes its group through torch.distributed.distributed_c10d (as init_device_mesh does: not
+    the dist.init_process_group the job's wrapper replaces) still count as having joined the job, earning 'runs' and
+    'clean_exit'?"""
+    main = _answer_with(tmp_path, "c10d", 'dist.init_process_group("gloo")',
+                        'dist.distributed_c10d.init_process_group("gloo")')
+    grade("7.1", main, "runs")
+    grade("7.1", main, "clean_exit")
+
+
 def test_a_long_message_is_cut_between_words_so_the_feedback_names_no_folder_of_the_grader():
     """When a rank's exception is longer than what is recorded of it, is it cut where a word ends, so that the
     feedback's redaction still finds the course's folder (a path cut in half once reached a learner's page)?"""

@@ -113,14 +113,25 @@ def _native_threads():
     except OSError:  # not Linux
         return []
 _groups = []  # the process groups the script made, held here: see the note on the last reference
-_joined = []  # [rank, world size] of the default group the script made, for the exit record
+# [rank, world size] of the default group the script made, for the exit record: noted when dist.init_process_group
+# returns, when dist.destroy_process_group is called, and at exit (a group made another way, init_device_mesh
+# for one, calls torch's own init_process_group, not this module's).
+_joined = []
+def _note_group():
+    if not _joined and dist.is_available() and dist.is_initialized():
+        _joined[:] = [dist.get_rank(), dist.get_world_size()]
 _init_process_group = dist.init_process_group
 def _kept_init_process_group(*args, **kwargs):
     result = _init_process_group(*args, **kwargs)
     _groups.append(dist.distributed_c10d._get_default_group())
-    _joined[:] = [dist.get_rank(), dist.get_world_size()]
+    _note_group()
     return result
 dist.init_process_group = _kept_init_process_group
+_destroy_process_group = dist.destroy_process_group
+def _noted_destroy_process_group(*args, **kwargs):
+    _note_group()
+    return _destroy_process_group(*args, **kwargs)
+dist.destroy_process_group = _noted_destroy_process_group
 if os.environ.get("COURSE_FAULT_PLAN"):  # a fault-tolerance job: record every step, and the planned fault
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import graded_faults
@@ -143,6 +154,7 @@ def _finish(release):
         return
     _finished.append(True)
     faulthandler.cancel_dump_traceback_later()
+    _note_group()
     alive = dist.is_available() and dist.is_initialized()
     if release:  # the script returned: end its groups now, while Python is whole
         if alive:
