@@ -20,6 +20,7 @@ from autograder.grading.summary import failure_kind, part_rows, summarise
 from autograder.grading.verdicts import CLEAN_NOTE, verdict_outputs
 from autograder.lessons.gradcheck import judge_signature
 from autograder.kit.harness import CheckError, GradingFailure
+from conftest import ROOT
 from autograder.kit.exercise import DEFERRED, SELF_CHECK, Attempt, Exercise, HiddenTestUnavailable, Part
 from autograder.lessons.ringcheck import judge_rows, judge_schedule
 from autograder.kit.torchrun import Failure, Frame, ScriptRun
@@ -344,3 +345,19 @@ def test_a_package_without_bytecode_is_compiled_once_before_grading_and_an_unwri
         assert Path(importlib.util.cache_from_source(str(site / "unbuilt" / module))).is_file(), module
     said.clear()
     assert prepare(("unbuilt",), say=said.append) == [] and said == []
+
+
+def test_grading_compiles_the_courses_own_packages_where_they_are():
+    """Does grading's preparation bring the bytecode of the course's own modules up to date in the checkout (which the
+    sandbox shows read-only, so a module without it would be compiled again by every sandboxed process)?"""
+    import importlib.util
+
+    from autograder.grading.bytecode import COURSE_PACKAGES, prepare
+
+    assert COURSE_PACKAGES == ("helpers", "autograder")
+    cached = [Path(importlib.util.cache_from_source(str(ROOT / path)))
+              for path in ("helpers/_runtime/wire.py", "autograder/kit/pieces.py")]
+    for path in cached:
+        path.unlink(missing_ok=True)
+    assert prepare((), say=lambda text: None) == []
+    assert all(path.is_file() for path in cached), cached

@@ -10,7 +10,8 @@ bytecode ran 1.5x slower (25:22 against 17:25), and a right answer to lesson 10 
 
 :func:`prepare` looks for the bytecode of the packages every graded submission imports
 (:data:`MODULES`), and where some is missing compiles the package folders they live in, once,
-saying so; where those folders are not this user's to write, it says which command would.
+saying so; where those folders are not this user's to write, it says which command would. The course's own
+packages (:data:`COURSE_PACKAGES`) are brought up to date in the checkout every time (only changed files compile).
 
 Example::
 
@@ -27,10 +28,14 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
-__all__ = ["MODULES", "missing", "prepare"]
+__all__ = ["MODULES", "COURSE_PACKAGES", "missing", "prepare"]
 
 #: Packages every graded submission imports in its sandboxed processes (kernel, clean re-grade, ranks).
 MODULES = ("torch", "numpy", "matplotlib", "ipykernel", "jupyter_client", "zmq", "tornado", "nbformat", "cloudpickle")
+#: The course's own packages, imported by those processes too. They live in the checkout (an editable install), which
+#: the sandbox also shows read-only, and they change with the course, so they are compiled where they are, each time,
+#: which compiles only what changed.
+COURSE_PACKAGES = ("helpers", "autograder")
 
 
 def _source(name: str) -> Path | None:
@@ -62,6 +67,10 @@ def prepare(modules: Iterable[str] = MODULES, say: Callable[[str], None] = print
             writable: Callable[[Path], bool] = lambda p: os.access(p, os.W_OK)) -> list[Path]:
     """Compile the bytecode of the folders :func:`missing` finds, where this user may write them; say what was done
     or, for the others, the command that would do it. Returns the folders still without bytecode."""
+    for name in COURSE_PACKAGES:
+        source = _source(name)
+        if source is not None and writable(source.parent):
+            compileall.compile_dir(str(source.parent), quiet=1, workers=0)
     folders = missing(modules)
     if not folders:
         return []
