@@ -975,30 +975,26 @@ def test_docstring_examples_run(module):
 # -- an answer that does nothing earns nothing ------------------------------------------------------
 
 
-def _returns_nothing(*args, **kwargs):
-    return None
-
-
 def _returns_its_input(*args, **kwargs):
     return args[0] if args else None
 
 
 @pytest.mark.parametrize("number", [ex.number for ex in exercises()])
 def test_no_part_pays_an_answer_that_does_nothing(number):
-    """Does every graded part of every exercise refuse an answer that does nothing (returns None, or hands back its
-    first argument untouched), as the learner's failure? A part that pays one pays for something the answer never
-    did (it cannot deadlock, corrupt a checkpoint or touch the weights), and a check that breaks on one (a class
-    that gives None, or lacks the method the check calls) would tell the learner the course is at fault."""
+    """Does every graded part of every exercise refuse an answer that does nothing (it hands back its first argument
+    untouched: a tensor, a model, the parameters, a rank), as the learner's failure? A part that pays one pays for
+    something the answer never did (it cannot deadlock, corrupt a checkpoint or touch the weights), and a check
+    that breaks on one (a "class" whose object lacks the method the check calls) would tell the learner the course
+    is at fault. (An answer that gives None: kit.pieces.usable's example, and the parts' own tests.)"""
     paid, blamed = [], []
-    for answer in (_returns_nothing, _returns_its_input):
-        for part in exercise(number).parts:
-            try:
-                grade(number, answer, part.name)
-            except GradingFailure:
-                continue
-            except CheckError as err:
-                blamed.append(f"{part.name} ({answer.__name__}): {str(err).splitlines()[0]}")
-                continue
-            paid.append(f"{part.name} ({answer.__name__})")
+    for part in exercise(number).parts:
+        try:
+            grade(number, _returns_its_input, part.name)
+        except GradingFailure:
+            continue
+        except CheckError as err:
+            blamed.append(f"{part.name}: {str(err).splitlines()[0]}")
+            continue
+        paid.append(part.name)
     assert not paid, f"Exercise {number} pays an answer that does nothing on: {paid}"
     assert not blamed, f"Exercise {number}'s checks blame the course for an answer that does nothing: {blamed}"
