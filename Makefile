@@ -60,14 +60,14 @@ $(STAMP): pyproject.toml | $(VENV_PY)
 	  $(VENV_PY) -m pip install $(PIP_FLAGS) $(TORCH_SPEC); \
 	fi
 	$(if $(UV),$(UV) pip install --quiet --python $(VENV_PY) --compile-bytecode,$(VENV_PY) -m pip install $(PIP_FLAGS)) -e '.[dev]'
-	$(COMPILE_COURSE)
+	$(VENV_PY) $(COMPILE_COURSE)
 	@touch $@
 
 # The course's own packages, compiled to bytecode where they are (only what changed; a fraction of a second). An
 # editable install leaves them as source, and a process that may not write their __pycache__ (the grading sandbox,
 # a learner's server on the hub, a container with PYTHONDONTWRITEBYTECODE=1) compiles them again on every start:
 # 0.3 to 0.6 s of each kernel, rank factory and clean re-grade.
-COMPILE_COURSE = $(VENV_PY) -m compileall -q -j 0 helpers autograder devtools
+COMPILE_COURSE = -m compileall -q -j 0 helpers autograder devtools
 
 # JupyterLab refuses to start as root (containers, cloud GPU boxes, many lab servers)
 # unless it is told it may; pass the flag only then, and say so. The venv's bin folder
@@ -83,7 +83,7 @@ lab: venv
 # another). Each module stays whole on one worker, longest first (tests/conftest.py); most
 # tests wait on ranks, kernels and browsers more than they compute, so 2 workers fit 2 cores.
 test: venv
-	@$(COMPILE_COURSE)
+	@$(VENV_PY) $(COMPILE_COURSE)
 	$(VENV_PY) -m pytest $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS)) $(PYTEST_ARGS)
 
 # Not part of `make test`: the modules most exposed to timing (kernels, %%distributed, the ranks'
@@ -207,7 +207,7 @@ hub: $(HUB_PROXY)
 	@$(MAKE) --no-print-directory venv VENV=$(HUB_VENV) $(if $(filter-out $(VENV),$(HUB_VENV)),PYTHON=$(HUB_PYTHON))
 	@if [ "$(EXCHANGE)" = ngshare ] && ! $(HUB_VENV)/bin/python -c "import ngshare, ngshare_exchange" 2>/dev/null; then \
 	  $(HUB_VENV)/bin/python -m pip install --no-deps $(NGSHARE_PACKAGES); fi
-	@$(HUB_VENV)/bin/python -m compileall -q -j 0 helpers autograder devtools  # learners' servers may not write them
+	@$(HUB_VENV)/bin/python $(COMPILE_COURSE)  # learners' servers may not write the course's bytecode
 	$(HUB_VENV)/bin/python hub/serve.py --port $(HUB_PORT) --instructor "$(HUB_INSTRUCTOR)" --group $(HUB_GROUP) --course $(HUB_COURSE) --exchange $(HUB_EXCHANGE) --state $(HUB_STATE) --proxy $(HUB_PROXY) --idle-timeout $(HUB_IDLE_TIMEOUT) --exchange-kind $(EXCHANGE)
 
 # Instructor: JupyterLab at the repository root, with nbgrader's formgrader.

@@ -40,6 +40,13 @@ def _unused_frozen_tied(attempt: Attempt) -> None:
             _run_grads(attempt, kind, "float32", world_size)
 
 
+def _same(a, b) -> bool:
+    """Both None, or equal tensors."""
+    import torch
+
+    return a is b is None or (a is not None and b is not None and torch.equal(a, b))
+
+
 def _parameters_unchanged(attempt: Attempt) -> None:
     """With different weights on every rank: the weights stay as they were, and the gradients were exchanged.
 
@@ -68,9 +75,7 @@ def _parameters_unchanged(attempt: Attempt) -> None:
                 got = reply["grads"][name]
                 if (want is None) != (got is None) or (
                         want is not None and not torch.allclose(got, want, rtol=1e-5, atol=1e-6)):
-                    kept = all(r["grads"][name] is r["local"][name] is None or (
-                        r["grads"][name] is not None and r["local"][name] is not None
-                        and torch.equal(r["grads"][name], r["local"][name])) for r in replies)
+                    kept = all(_same(r["grads"][name], r["local"][name]) for r in replies)
                     why = (" Every rank still holds the gradient it computed itself: nothing was averaged."
                            if kept else "")
                     attempt.fail(f"{where}: after average_gradients rank {rank}'s {name}.grad differs from rank 0's."
