@@ -9,8 +9,8 @@ Run: ``.venv/bin/python bench/plan_bench.py [--random N] [--fits N] [--notebook]
    Traffic is compared too (the planner's bytes against the trace's).
 2. **Collectives**: ``--fits`` times, gloo's all-reduce, all-gather and reduce-scatter on 2 ranks, timed at 5 sizes
    (64 KiB to 16 MiB) and fitted (:mod:`helpers.costmodel`), then checked on 4 sizes between them that the fit never
-   saw. Each size's time is the median of 21 tries, the fastest of :data:`LAUNCHES` sets of fresh ranks. Target:
-   within 20%.
+   saw. Each size's time is the median of 21 tries, the fastest of :data:`LAUNCHES` sets of fresh ranks, each rank
+   bound to a core of its own. Target: within 20%.
 3. ``--notebook``: lesson 12's solution notebook headless (nbclient), beside lesson 11's in the same run. Target: at
    most 180 s on 2 cores.
 

@@ -33,7 +33,7 @@ from typing import Sequence
 from .memrec import collective, ring_bytes
 from .plan import Link
 
-__all__ = ["steps", "seconds", "measure", "fit", "Fit", "OPS", "flop_rate"]
+__all__ = ["steps", "seconds", "measure", "fit", "Fit", "OPS", "flop_rate", "pin_to_core"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -55,15 +55,35 @@ def seconds(op: str, p: int, nbytes: float, link: Link) -> float:
     return steps(op, p) * link.latency + nbytes / link.bandwidth
 
 
-def _time_rank(rank: int, world_size: int, ops: list[str], sizes: list[int], repeats: int, best: bool) -> dict:
+def pin_to_core(rank: int) -> int | None:
+    """Bind this process to one of the cores it may run on, chosen by ``rank`` (round robin); the core, or None where
+    the system cannot bind a process (macOS, Windows) or allows it only one core anyway."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    core = allowed[rank % len(allowed)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def _time_rank(rank: int, world_size: int, ops: list[str], sizes: list[int], repeats: int, best: bool,
+               pin: bool = False) -> dict:
     """On a rank: the slowest rank's fastest (or median) seconds of each collective at each size (bytes of the whole
     tensor). The (collective, size) pairs are visited ``repeats`` times, each time in a new order (the same on every
-    rank), so that a burst of other work on the machine spoils a few tries of many pairs, not every try of one."""
+    rank), so that a burst of other work on the machine spoils a few tries of many pairs, not every try of one.
+    ``pin`` binds the rank to a core of its own first (:func:`pin_to_core`)."""
     import random
     import time
 
     import torch
     import torch.distributed as dist
+
+    if pin:
+        pin_to_core(rank)
 
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -107,7 +127,7 @@ class Measured:
 
 
 def measure(sizes: Sequence[int], world_size: int = 2, ops: Sequence[str] = OPS, repeats: int = 15, best: bool = True,
-            launches: int = 1, **settings) -> Measured:
+            launches: int = 1, pin: bool = True, **settings) -> Measured:
     """Time each of ``ops`` on ``world_size`` fresh ranks at each size (bytes of the whole tensor).
 
     Each try is the slowest rank's time; a size's time is the fastest of ``repeats`` tries (``best``) or their median.
@@ -122,7 +142,7 @@ def measure(sizes: Sequence[int], world_size: int = 2, ops: Sequence[str] = OPS,
     if launches < 1:
         raise ValueError(f"launches={launches}: time on at least 1 set of ranks")
     settings = {"output": "quiet", "timeout": 300, **settings}
-    runs = [launch(_time_rank, world_size, (list(ops), [int(n) for n in sizes], repeats, best), **settings)[0]
+    runs = [launch(_time_rank, world_size, (list(ops), [int(n) for n in sizes], repeats, best, pin), **settings)[0]
             for _ in range(launches)]
     return Measured(world_size, {pair: min(run[pair] for run in runs) for pair in runs[0]})
 

@@ -10,6 +10,8 @@ once, tensor parallelism's backward left out.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from autograder import exercise
@@ -328,6 +330,27 @@ def test_the_torch_route_equals_one_process_and_its_traffic_differs_from_the_pla
         assert sent[("all_gather", "tp")] == traffic[("all_gather", "tp")] * 2 / 3, (rank, sent, traffic)
         assert sent[("all_gather", "dp")] == traffic[("all_gather", "dp")] - unit, (rank, sent, traffic)
     assert "Shard(dim=1)" in run.placements["layers.0.attention.wo.weight"], run.placements
+
+
+def _pinned_cores(rank: int, world_size: int) -> tuple:
+    import os
+
+    from helpers.costmodel import pin_to_core
+
+    return pin_to_core(rank), sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="binding ranks to cores needs sched_setaffinity and at least 2 cores this process may use")
+def test_the_collective_timer_binds_each_rank_to_a_core_of_its_own(factory):
+    """Does helpers.costmodel.pin_to_core, which measure() calls on every rank, leave each of 2 ranks on exactly one
+    core, a different one each, from the cores the launching process may use?"""
+    from helpers.launcher import launch
+
+    allowed = sorted(os.sched_getaffinity(0))
+    (core0, set0), (core1, set1) = launch(_pinned_cores, 2, output="quiet", timeout=60)
+    assert set0 == [core0] and set1 == [core1], (set0, set1)
+    assert core0 != core1 and {core0, core1} <= set(allowed), (core0, core1, allowed)
 
 
 def test_the_collective_timer_keeps_each_sizes_fastest_launch(factory):
