@@ -54,8 +54,9 @@ def _program_text(fn) -> str:
 # without an active exception"); with those defaults gone, DDP's Reducer held the group's last
 # reference and freed it with the GIL held, while ~ProcessGroupGloo joined a worker waiting for
 # the GIL: a deadlock (both seen with torch 2.13, about once in 10 to 300 jobs). So
-# torch.distributed.nn is imported before any group exists, the wrapper keeps a reference to the
-# default group, and once the script returned it destroys the group (if the script did not) and
+# torch.distributed.nn is imported before any group exists, the wrapper keeps a reference to every
+# group the script made (through dist.init_process_group or not: init_device_mesh, new_group), and
+# once the script returned it destroys the groups (if the script did not) and
 # drops those references while Python is whole: the threads end and the process exits cleanly.
 # The script runs under torch's own ``@record``, so its exception also reaches the agent's report.
 WRAPPER = """\
@@ -96,6 +97,7 @@ def _recorded(name):
     call = getattr(dist, name)
     def recorded(*args, **kwargs):
         result = call(*args, **kwargs)
+        _note_group()
         with open(os.path.join(LOG, "barriers.jsonl"), "a") as out:
             out.write(json.dumps({"rank": RANK, "returned": time.time()}) + "\\n")
         return result
@@ -114,16 +116,29 @@ def _native_threads():
         return []
 _groups = []  # the process groups the script made, held here: see the note on the last reference
 # [rank, world size] of the default group the script made, for the exit record: noted when dist.init_process_group
-# returns, when dist.destroy_process_group is called, and at exit (a group made another way, init_device_mesh
-# for one, calls torch's own init_process_group, not this module's).
+# returns, at every barrier, when dist.destroy_process_group is called, and at exit (a group made another way,
+# init_device_mesh for one, calls torch's own init_process_group, not this module's).
 _joined = []
 def _note_group():
-    if not _joined and dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if not _joined:
         _joined[:] = [dist.get_rank(), dist.get_world_size()]
+    # Hold every group that exists now, however it was made (init_device_mesh makes the default group through
+    # torch's own init_process_group, and its sub-groups with new_group): without these references, a DeviceMesh
+    # or DDP's Reducer freed when main() returns held a group's last one, and the deadlock above followed (about
+    # one job in five with init_device_mesh, torch 2.13).
+    try:
+        found = [dist.distributed_c10d._get_default_group()]
+        found += list(getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None) or ())
+    except Exception:  # torch's private names moved: hold what init_process_group gave, as before
+        return
+    for group in found:
+        if not any(group is held for held in _groups):
+            _groups.append(group)
 _init_process_group = dist.init_process_group
 def _kept_init_process_group(*args, **kwargs):
     result = _init_process_group(*args, **kwargs)
-    _groups.append(dist.distributed_c10d._get_default_group())
     _note_group()
     return result
 dist.init_process_group = _kept_init_process_group
