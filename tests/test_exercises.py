@@ -863,7 +863,10 @@ class _WrapsZeroRedundancy:
 
 class _UsesFullyShard:
     def __init__(self, params, optimizer_cls, **kwargs):
-        from torch.distributed.fsdp import fully_shard
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # before torch 2.6 it lived here only (switched off there too)
+            from torch.distributed._composable.fsdp import fully_shard
 
         fully_shard(torch.nn.Linear(2, 2))
 '''

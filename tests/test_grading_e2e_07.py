@@ -48,8 +48,6 @@ LEARNERS = {who: {**answers, **({ANSWER_72: variant(LESSON, ANSWER_72, *MISTAKES
 # What goes through the grade command (tests/conftest.py grades it with the session's other learners): amy, the
 # instructor's answers. ben, cid and dee: tests/test_regrade_07.py.
 HANDED_IN = {LESSON: {"amy": LEARNERS["amy"]}}
-PARTS_71 = ("runs", "same_result", "rank_zero_only", "clean_exit", "any_topology")
-PARTS_72 = ("resumes", "no_repeat", "atomic", "reshard", "clean_exit")
 
 
 def lost(graded, **zero) -> dict[str, float]:
