@@ -8,8 +8,14 @@ Assignments tab and the formgrader call), with each person's environment as the 
 server (``JUPYTERHUB_USER``, a token with a server's scopes, the hub's nbgrader settings, a home of
 their own) and every command run as one Unix user: the instructor's. (The learners also get Unix
 accounts, unused, because the hub's PAM authenticator refuses to make a hub user without one; on
-Kubernetes there are none.) No browser: the browser round
-trip over the shared folder is tests/test_hub.py's, and what differs here is the exchange.
+Kubernetes there are none.)
+
+The same round trip also runs in Chromium, as tests/test_hub.py's does over the shared folder: the
+instructor releases the lesson and its feedback with the formgrader's buttons, and one more learner fetches,
+submits and fetches her feedback with the Assignments tab, each logged in to the hub, which starts their
+servers (each as their own Unix user: the hub's spawner); every one of those requests goes from their
+server's nbgrader to ngshare (ngshare-exchange, with the course's fixes). tests/test_hub.py alone runs the
+lesson's cells and Validate in the browser: neither touches the exchange.
 
 Release, fetch, submit, `python -m autograder collect` (nbgrader's collect from ngshare, then the
 course's grading with the sandbox), release and fetch feedback; and what a learner must not do, tried
@@ -36,8 +42,8 @@ from pathlib import Path
 import pytest
 
 from conftest import no_browser, wait_until
-from test_hub import (COURSE_ID, EXERCISES, LESSON, PARTS_44, PORT_TAKEN, TRY_READ, WRITE_ANSWERS, Hub, Users,
-                      hub_python, row_max, run_as)
+from test_hub import (COURSE_ID, EXERCISES, LESSON, PARTS_44, PORT_TAKEN, SECONDS, TRY_READ, WRITE_ANSWERS, Hub,
+                      Person, Users, fetched_notebook, hub_python, row_max, run_as)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -181,16 +187,21 @@ def _said(done: subprocess.CompletedProcess) -> str:
     return f"rc {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
-def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
+def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world, browser, shots):
     """With every server the same Unix user, does a lesson go out, come back from two learners, get graded by the
     course's grading and reach each learner as their own feedback, while no learner can collect, release, read
-    another's submission or feedback, or submit without a valid token and be told it worked?"""
+    another's submission or feedback, or submit without a valid token and be told it worked? And does a third
+    learner's Assignments tab in Chromium fetch, submit and fetch her feedback over ngshare?"""
+    from playwright.sync_api import expect
+
     from devtools.scratch import solution_source
 
+    expect.set_options(timeout=60 * SECONDS)
     people, course, unix, hub = (ngshare_world[k] for k in ("people", "course", "unix", "hub"))
     teacher = people.add(unix, learner=False)
     users = ngshare_world["users"]
     ann, ben = people.add(users.add("a", learner=True)), people.add(users.add("b", learner=True))
+    cyd = users.add("c", learner=True)  # the browser's learner: the hub makes her its user at her first login
 
     # The roster service enrols the hub's users in ngshare's course, the instructor teaching it.
     def enrolled() -> set[str]:
@@ -207,9 +218,16 @@ def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
     tried = json.loads(run_as(unix, str(hub_python()), "-c", TRY_READ, str(hub.state / "ngshare")).stdout)
     assert tried[str(hub.state / "ngshare")] == "PermissionError", tried
 
-    # 1. The instructor releases the lesson.
-    released = people.nbgrader(teacher, "release_assignment", LESSON)
-    assert released.returncode == 0 and f"Successfully released {LESSON}" in _out(released), _said(released)
+    # 1. The instructor releases the lesson with the formgrader's Release button: her server's nbgrader sends it to
+    # ngshare.
+    instructor = Person(browser, hub, unix, users.passwords[unix], shots, "ngshare-instructor")
+    instructor.page.goto(f"{instructor.base}/formgrader")
+    row = instructor.page.locator("tr", has_text=LESSON)
+    row.locator("td.release a").click()
+    expect(row.locator("td.status")).to_have_text("released")
+    instructor.shot("1-released")
+    lessons = people.http(teacher, "GET", f"assignments/{COURSE_ID}").json()
+    assert lessons.get("assignments") == [LESSON], lessons
 
     # 2. Each learner fetches it, answers (ann: the instructor's answers; ben: nothing) and submits.
     stamps = {}
@@ -224,6 +242,30 @@ def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
         stamp = re.search(rf"Submitted as: {COURSE_ID} {LESSON} (\S+ \S+)", _out(submitted))
         assert submitted.returncode == 0 and stamp, _said(submitted)
         stamps[who] = stamp.group(1)
+
+    # cyd, in Chromium: her server (started by the hub at her login) fetches over ngshare, she answers, and her
+    # Assignments tab's Submit sends the notebook to ngshare.
+    solutions = {gid: solution_source(LESSON, gid) for gid in EXERCISES}
+    learner_c = Person(browser, hub, cyd, users.passwords[cyd], shots, "ngshare-learner")
+    try:
+        assert wait_until(lambda: cyd in enrolled(), 60, interval=0.5), (enrolled(), hub.output()[-3000:])
+        panel = learner_c.assignments()
+        panel.locator("#released_assignments_list .list_item", has_text=LESSON).get_by_role("button", name="Fetch").click()
+        fetched = panel.locator("#fetched_assignments_list .list_item", has_text=LESSON)
+        expect(fetched.get_by_role("button", name="Submit")).to_be_visible()
+        path = fetched_notebook(users, cyd)
+        assert path.is_file(), f"the Assignments tab's Fetch gave {cyd} no {path}"
+        wrote = run_as(cyd, str(hub_python()), "-c", WRITE_ANSWERS, str(path), json.dumps(solutions), "[]")
+        assert wrote.returncode == 0, _said(wrote)
+        panel = learner_c.assignments()
+        panel.locator("#fetched_assignments_list .list_item", has_text=LESSON).get_by_role("button", name="Submit").click()
+        expect(panel.locator("#submitted_assignments_list .list_item", has_text=LESSON)).to_have_count(1)
+        learner_c.shot("1-submitted")
+        listed = people.http(teacher, "GET", f"submissions/{COURSE_ID}/{LESSON}").json()
+        assert cyd in {entry.get("student_id") for entry in listed.get("submissions", [])}, listed
+    except BaseException:
+        learner_c.close()
+        raise
 
     # A submit that ngshare refuses (no valid token) fails and says it is not submitted (ngshare-exchange alone
     # logs "Failed to submit." and ends with success: autograder/learner/ngshare.py).
@@ -250,16 +292,29 @@ def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
     # 4. The instructor collects and grades: `make collect`'s command, nbgrader's collect from ngshare.
     graded = run_as(unix, str(hub_python()), "-m", "autograder", "collect", LESSON, "--jobs", "2",
                     env=people.env(teacher), cwd=course, timeout=400)
-    assert graded.returncode == 0 and f"Collected 2 submissions of {LESSON}" in graded.stdout, _said(graded)
+    assert graded.returncode == 0 and f"Collected 3 submissions of {LESSON}" in graded.stdout, _said(graded)
     grades = csv.DictReader((course / "autograder" / "grades.csv").open())
     scores = {row["student_id"]: float(row["score"]) for row in grades}
-    assert scores[ann] == row_max(course) and scores[ben] < scores[ann], scores
+    assert scores[ann] == scores[cyd] == row_max(course) and scores[ben] < scores[ann], scores
     record = json.loads((course / "autograder" / "grading-run.json").read_text())
     assert record["sandbox"] is True, record
 
-    # 5. ... and hands the feedback back.
-    handed = people.nbgrader(teacher, "release_feedback", LESSON)
-    assert handed.returncode == 0 and _out(handed).count("Feedback released") == 2, _said(handed)
+    # 5. ... and hands the feedback back with the formgrader's Release Feedback button.
+    instructor.page.goto(f"{instructor.base}/formgrader")
+    row = instructor.page.locator("tr", has_text=LESSON)
+    expect(row.locator("td.num-submissions")).to_have_text("3")
+    row.locator("td.release-feedback a").click()
+    handed_in = people.http(teacher, "GET", f"submissions/{COURSE_ID}/{LESSON}").json()["submissions"]
+    newest = {entry["student_id"]: entry["timestamp"] for entry in sorted(handed_in, key=lambda e: e["timestamp"])}
+    assert set(newest) == {ann, ben, cyd}, handed_in
+
+    def feedback_of(who: str) -> list:
+        got = people.http(teacher, "GET", f"feedback/{COURSE_ID}/{LESSON}/{who}", params={"timestamp": newest[who]})
+        return got.json().get("files", []) if got.ok else []
+    assert wait_until(lambda: all(feedback_of(who) for who in newest), 120, interval=1), \
+        {who: feedback_of(who) for who in newest}
+    instructor.shot("2-feedback-released")
+    instructor.close()
 
     # ben cannot have ann's feedback, not even by giving her name as his JUPYTERHUB_USER.
     theirs = people.http(ben, "GET", f"feedback/{COURSE_ID}/{LESSON}/{ann}", params={"timestamp": stamps[ann]})
@@ -279,3 +334,21 @@ def test_round_trip_over_ngshare_with_one_unix_user(ngshare_world):
             verdict = f'Exercise 4\\.4, part "{part}": ' + verdicts[who].format(p=points)
             assert re.search(verdict, text), f"{who}'s feedback lacks the verdict /{verdict}/"
         assert "HIDDEN TESTS" not in text, f"{who}'s feedback shows the hidden tests' source"
+
+    # cyd fetches hers with the Assignments tab's Fetch Feedback and reads each part's verdict in the browser.
+    try:
+        panel = learner_c.assignments()
+        item = panel.locator("#submitted_assignments_list .list_item", has_text=LESSON).first
+        item.get_by_role("button", name="Fetch Feedback").click()
+        expect(panel.locator("#submitted_assignments_list", has_text="view feedback")).to_be_visible()
+        pages = sorted((users.home(cyd) / LESSON / "feedback").glob(f"*/{LESSON}.html"))
+        assert len(pages) == 1, f"{cyd} fetched {pages}"
+        learner_c.page.goto(f"{learner_c.base}/files/{LESSON}/feedback/{pages[0].parent.name}/{LESSON}.html")
+        text = learner_c.page.locator("body").inner_text()
+        learner_c.shot("2-feedback")
+        for part, points in PARTS_44.items():
+            verdict = f'Exercise 4\\.4, part "{part}": ' + verdicts[ann].format(p=points)
+            assert re.search(verdict, text), f"{cyd}'s feedback lacks the verdict /{verdict}/"
+        assert "HIDDEN TESTS" not in text, f"{cyd}'s feedback shows the hidden tests' source"
+    finally:
+        learner_c.close()
