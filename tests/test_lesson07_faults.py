@@ -169,6 +169,25 @@ def test_right_answers_of_two_other_shapes_earn_every_part(tmp_path):
         assert not any(verdicts.values()), f"{name}: {verdicts}"
 
 
+def test_checkpoints_written_in_the_background_with_async_save_earn_every_part(tmp_path):
+    """Does an answer that saves with DCP's async_save on a group of its own, waiting for each save before the next
+    and before it ends, earn all five parts? Its write goes on beside the next steps: the grader counts a checkpoint
+    complete once that write finished, not when async_save returned (before, it lost resumes, no_repeat and
+    atomic for resuming, rightly, from the checkpoint before)."""
+    save = '            dcp.save(state, checkpoint_id=os.path.join(CKPT_DIR, f"step-{step + 1:06d}"))'
+    main = _answer(tmp_path, "async_save", None,
+                   (save, "            if pending is not None:\n                pending.result()\n"
+                          "            pending = dcp.async_save(state, checkpoint_id=os.path.join(CKPT_DIR, "
+                          'f"step-{step + 1:06d}"), process_group=checkpoints)'),
+                   ("    for step in range(start, STEPS):",
+                    '    pending, checkpoints = None, dist.new_group(backend="gloo")  # DCP\'s collectives, apart\n'
+                    "    for step in range(start, STEPS):"),
+                   ("    if rank == 0:\n        model.eval()",
+                    "    if pending is not None:\n        pending.result()\n    if rank == 0:\n        model.eval()"))
+    verdicts = _grades(main)
+    assert not any(verdicts.values()), verdicts
+
+
 def test_resuming_the_model_but_not_the_optimizer_loses_resumes_and_reshard_naming_the_optimizer(tmp_path):
     """Does a checkpoint without the optimizer's state lose 'resumes' (and 'reshard', which resumes too), the feedback
     naming the optimizer, while the data order, the atomicity and the clean exit still earn their points?"""

@@ -74,9 +74,10 @@ def _straight(attempt: Attempt, jobs: dict[str, Any]) -> ScriptRun:
 def resumes(attempt: Attempt) -> None:
     jobs = _round_one(attempt)
     straight = _straight(attempt, jobs)
-    killed, fault = jobs["killed"], faults.where(jobs["kill"], jobs["seed"])
-    judge.ran(attempt, killed, fault)
+    killed = jobs["killed"]
     timeline = faults.Timeline.read(killed.folder)
+    fault = faults.where(jobs["kill"], jobs["seed"], died=timeline.kill())
+    judge.ran(attempt, killed, fault)
     judge.resumed(attempt, killed, timeline, fault)
     try:
         judge.same_result(attempt, killed, faults.final_weights(straight), judge.printed_loss(straight), faults.SAME,
@@ -90,9 +91,10 @@ def resumes(attempt: Attempt) -> None:
 
 def no_repeat(attempt: Attempt) -> None:
     jobs = _round_one(attempt)
-    killed, fault = jobs["killed"], faults.where(jobs["kill"], jobs["seed"])
-    judge.ran(attempt, killed, fault)
+    killed = jobs["killed"]
     timeline = faults.Timeline.read(killed.folder)
+    fault = faults.where(jobs["kill"], jobs["seed"], died=timeline.kill())
+    judge.ran(attempt, killed, fault)
     if timeline.kill() is None:
         attempt.fail(f"under {killed.where}, the planned fault never happened ({fault}): train STEPS steps with the "
                      "course's model.")

@@ -10,12 +10,14 @@ appends one JSON line per event to ``faults-RANK-ATTEMPT.jsonl`` in the job's fo
 - ``step`` and ``stepped``: around every optimizer step, digests of the parameters before and
   after, of the optimizer's state and of the RNG state (bitwise: equal digests, equal bytes);
 - ``save``, ``saved``, ``load``: every ``torch.save``, ``torch.load`` and DCP ``save``,
-  ``async_save`` and ``load``, with its path and the number of steps taken;
+  ``async_save`` and ``load``, with its path and the number of steps taken (``saved`` of an
+  ``async_save`` once its background write has finished, not when the call returns);
 - ``rename``: every ``os.rename`` and ``os.replace`` (how a checkpoint is often marked complete);
 - ``kill``: the planned fault, just before this process sends itself ``SIGKILL``.
 
 The plan (JSON) names at most one fault: ``{"kind": "step", "attempt": 0, "rank": 2, "step": 7}``
-kills rank 2 in the forward of its step 7 (counted from 0 in this attempt); ``{"kind": "write",
+kills rank 2 in the forward of its step 7 (counted from 0 in this attempt), or of the first step after that
+once a checkpoint is complete, when one was begun and none is yet (a save written in the background); ``{"kind": "write",
 "attempt": 0, "rank": 1, "arm": 4, "sleep": 1.0}`` kills rank 1 halfway through the first write
 of a checkpoint file under the plan's ``ckpt_dir`` once it has taken 4 steps: half the bytes
 reach the file; it waits until every other process that writes checkpoints has recorded its
@@ -33,6 +35,7 @@ import io
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -45,6 +48,7 @@ KILL = PLAN.get("kill") or {}
 CKPT_DIR = os.path.abspath(PLAN.get("ckpt_dir", "checkpoints"))
 _out = open(os.path.join(LOG, f"faults-{RANK}-{ATTEMPT}.jsonl"), "a", buffering=1)
 _steps = [0]  # optimizer steps taken by this process in this attempt
+_writing = threading.Lock()
 _depth = [0]  # nesting of module calls: only the outermost forward is a batch
 _data = torch.load(os.path.join(LOG, PLAN.get("data", "graded_data.pt")), weights_only=True)
 _ids = {bytes(row.numpy().tobytes()): i for i, row in enumerate(_data)}
@@ -53,8 +57,9 @@ _real_open, _real_save, _real_rename, _real_replace = io.open, torch.save, os.re
 
 def record(**event) -> None:
     event["t"] = time.time()
-    _out.write(json.dumps(event) + "\n")
-    _out.flush()
+    with _writing:  # DCP's async_save finishes in a thread of its own (see _recorded)
+        _out.write(json.dumps(event) + "\n")
+        _out.flush()
 
 
 def digest(tensors) -> str:
@@ -66,8 +71,9 @@ def digest(tensors) -> str:
 
 
 def _die(where: str, **more) -> None:
-    record(ev="kill", where=where, n=_steps[0], **more)
-    os.kill(os.getpid(), signal.SIGKILL)
+    record(**{"ev": "kill", "where": where, "n": _steps[0], **more})
+    with _writing:  # no other thread of this process is halfway through a record's line when it dies
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _mine(kind: str) -> bool:
@@ -133,8 +139,21 @@ def _pre(module, args):
     rows = x.detach().to(_data.dtype).cpu()
     record(ev="batch", n=_steps[0], ids=[_ids.get(bytes(r.numpy().tobytes()), -1) for r in rows],
            rng=digest([torch.get_rng_state()]))
-    if _mine("step") and _steps[0] == KILL.get("step"):
-        _die("forward")
+    if _mine("step") and _steps[0] >= KILL.get("step", float("inf")) and not _checkpoint_pending():
+        _die("forward", planned=KILL["step"])
+
+
+def _checkpoint_pending() -> bool:
+    """Whether a checkpoint has begun but none is complete yet (on every rank that began it): a save that runs in
+    the background (DCP's async_save) can still be writing the first checkpoint at the planned step, and a kill
+    then would judge a resume from nothing. The kill is put off to the first forward after one is complete; with
+    nothing begun at all, it happens as planned (and the judgement names the missing checkpoint)."""
+    began: dict[int, set] = {}
+    ended: dict[int, set] = {}
+    for rank, e in _records():
+        if e["ev"] in ("save", "saved") and e.get("n", 0) > 0 and _under_ckpt(e.get("path", "")):
+            (began if e["ev"] == "save" else ended).setdefault(e["n"], set()).add(rank)
+    return bool(began) and not any(ended.get(n, set()) >= ranks for n, ranks in began.items())
 
 
 def _post(module, args, output):
@@ -166,28 +185,41 @@ def _under_ckpt(path) -> bool:
         return False
 
 
-def _write_armed() -> bool:
+_begun: list[tuple[str, int]] = []  # (path, steps taken) of every save this process began, in order
+
+
+def _checkpoint_step(path) -> int:
+    """The step count of the save that writes ``path`` (the save of that file or of a folder holding it): a save
+    written in the background (DCP's async_save) writes its files while the next steps run."""
+    path = os.path.abspath(os.fspath(path))
+    for began, n in reversed(_begun):
+        if path == began or path.startswith(began.rstrip(os.sep) + os.sep):
+            return n
+    return _steps[0]
+
+
+def _write_armed(n: int) -> bool:
     # The step count first: the victim is drawn (_mine, once) from the first checkpoint's writers, whose records
     # are all written only once every process has passed a later step's all-reduce; drawn during the first
     # checkpoint itself, processes saw different writers, could each name another and none died.
-    return _steps[0] >= KILL.get("arm", 0) and _mine("write")
+    return n >= KILL.get("arm", 0) and _mine("write")
 
 
 class _DyingFile:
     """A checkpoint file whose first write stops halfway: the process dies as a crashed machine would."""
 
-    def __init__(self, f, path):
-        self._f, self._path = f, os.path.abspath(os.fspath(path))
+    def __init__(self, f, path, n: int):
+        self._f, self._path, self._n = f, os.path.abspath(os.fspath(path)), n
 
     def write(self, data):
         view = memoryview(data).cast("B")
         self._f.write(view[: len(view) // 2])
         self._f.flush()
         os.fsync(self._f.fileno())
-        record(ev="writing", path=self._path, n=_steps[0])
-        _hold_while_others_write(_steps[0])
+        record(ev="writing", path=self._path, n=self._n)
+        _hold_while_others_write(self._n)
         time.sleep(float(KILL.get("sleep", 1.0)))
-        _die("write", path=self._path)
+        _die("write", path=self._path, n=self._n)
 
     def __getattr__(self, name):
         return getattr(self._f, name)
@@ -204,8 +236,10 @@ class _DyingFile:
 
 def _open(file, mode="r", *args, **kwargs):
     f = _real_open(file, mode, *args, **kwargs)
-    if isinstance(mode, str) and any(c in mode for c in "wax") and _under_ckpt(file) and _write_armed():
-        return _DyingFile(f, file)
+    if isinstance(mode, str) and any(c in mode for c in "wax") and _under_ckpt(file):
+        n = _checkpoint_step(file)
+        if _write_armed(n):
+            return _DyingFile(f, file, n)
     return f
 
 
@@ -222,11 +256,13 @@ def _path_of(obj) -> str:
 def _save(obj, f, *args, **kwargs):
     path = _path_of(f)
     record(ev="save", api="torch.save", path=path, n=_steps[0])
-    if _write_armed() and isinstance(f, (str, os.PathLike)) and _under_ckpt(f):
+    if isinstance(f, (str, os.PathLike)):
+        _begun.append((path, _steps[0]))
+    if isinstance(f, (str, os.PathLike)) and _under_ckpt(f) and _write_armed(_steps[0]):
         buffer = io.BytesIO()
         _real_save(obj, buffer, *args, **kwargs)
         with _real_open(f, "wb") as out:
-            _DyingFile(out, f).write(buffer.getvalue())
+            _DyingFile(out, f, _steps[0]).write(buffer.getvalue())
     result = _real_save(obj, f, *args, **kwargs)
     record(ev="saved", api="torch.save", path=path, n=_steps[0])
     return result
@@ -241,11 +277,19 @@ def _recorded(module, name: str, api: str, event: str):
         target = kwargs.get("checkpoint_id") or kwargs.get("storage_writer") or kwargs.get("storage_reader")
         if target is None and api == "torch.load" and args:
             target = args[0]
-        path = _path_of(target) if target is not None else ""
-        record(ev=event, api=api, path=path, n=_steps[0])
+        path, n = (_path_of(target) if target is not None else ""), _steps[0]
+        record(ev=event, api=api, path=path, n=n)
+        if event == "save" and path:
+            _begun.append((path, n))
         result = call(*args, **kwargs)
-        if event == "save":
-            record(ev="saved", api=api, path=path, n=_steps[0])
+        # async_save returns while its thread still writes: the checkpoint is saved once that write ends (its future,
+        # or the upload's of the AsyncSaveResponse newer torch returns with a stager), and only if it succeeded.
+        finished = getattr(result, "upload_completion", result) if api == "dcp.async_save" else None
+        if event == "save" and hasattr(finished, "add_done_callback"):
+            finished.add_done_callback(
+                lambda done: done.exception() is None and record(ev="saved", api=api, path=path, n=n))
+        elif event == "save":
+            record(ev="saved", api=api, path=path, n=n)
         return result
 
     setattr(module, name, recorded)

@@ -161,11 +161,15 @@ def job(fn: Callable, nproc: int, replace: dict, *, kill: dict | None = None, st
                    prepare=prepare, label=label or f"a job of {nproc} processes", timeout=60.0)
 
 
-def where(kill: dict | None, seed: int, rank: int | None = None) -> str:
-    """The fault in words, with the seed that replays it (``rank``: the process a write fault chose)."""
+def where(kill: dict | None, seed: int, rank: int | None = None, died: dict | None = None) -> str:
+    """The fault in words, with the seed that replays it (``rank``: the process a write fault chose; ``died``: the
+    kill as recorded, when a step fault was put off until a checkpoint was complete)."""
     if not kill:
         return ""
-    if kill["kind"] == "step":
+    if kill["kind"] == "step" and died is not None and died.get("n", kill["step"]) != kill["step"]:
+        what = (f"rank {kill['rank']} was killed (SIGKILL) in the forward pass of its step {died['n']} (planned for "
+                f"step {kill['step']}, put off until a checkpoint written in the background was complete)")
+    elif kill["kind"] == "step":
         what = f"rank {kill['rank']} was killed (SIGKILL) in the forward pass of its step {kill['step']}"
     else:
         who = f"rank {rank}" if rank is not None else "a process that writes checkpoints"

@@ -227,10 +227,10 @@ def _self_check_72(attempt: Attempt) -> str:
 
     seed = faults.fault_seed()
     kill = faults.step_kill(seed, 2)
-    fault = faults.where(kill, seed)
     killed = run_together([faults.job(attempt.fn, 2, course_72(), kill=kill, label="the job with a fault")])[0]
-    judge.ran(attempt, killed, fault)
     timeline = faults.Timeline.read(killed.folder)
+    fault = faults.where(kill, seed, died=timeline.kill())
+    judge.ran(attempt, killed, fault)
     start = judge.resumed(attempt, killed, timeline, fault)
     judge.in_order(attempt, killed, timeline, faults.STEPS, fault)
     weights, loss = faults.reference(faults.STEPS)
