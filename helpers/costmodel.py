@@ -62,11 +62,14 @@ def pin_to_core(rank: int) -> int | None:
 
     if not hasattr(os, "sched_setaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) < 2:
+            return None
+        core = allowed[rank % len(allowed)]
+        os.sched_setaffinity(0, {core})
+    except OSError:  # a container's cpuset changed under us, or binding is refused: time unbound
         return None
-    core = allowed[rank % len(allowed)]
-    os.sched_setaffinity(0, {core})
     return core
 
 
