@@ -139,7 +139,12 @@ def measure(sizes: Sequence[int], world_size: int = 2, ops: Sequence[str] = OPS,
     ``launches`` > 1 times on that many sets of fresh ranks, one after the other, and keeps each size's fastest.
     gloo's connections over loopback sometimes settle, for the whole life of a set of ranks, into a slower state:
     on the 2-core machine the median all-reduce of 512 KiB to 2 MiB took about 3 ms in such a launch, against 0.7
-    to 2 ms in the others. That is a property of one set of connections, not of the link a cost model describes."""
+    to 2 ms in the others. That is a property of one set of connections, not of the link a cost model describes.
+
+    ``pin`` (the default) binds each rank to a core of its own (:func:`pin_to_core`), as a cluster's launcher binds
+    each rank to its own cores. Unbound, two ranks on the 2-core machine were sometimes scheduled on one core: the
+    model's worst error on sizes it was not fitted on (``bench/plan_bench.py``) was 17% to 24% over four runs of
+    five fits, and 12% to 15% bound, in the same hour."""
     from .launcher import launch
 
     if launches < 1:
