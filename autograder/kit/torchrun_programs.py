@@ -126,8 +126,8 @@ def _note_group():
         _joined[:] = [dist.get_rank(), dist.get_world_size()]
     # Hold every group that exists now, however it was made (init_device_mesh makes the default group through
     # torch's own init_process_group, and its sub-groups with new_group): without these references, a DeviceMesh
-    # or DDP's Reducer freed when main() returns held a group's last one, and the deadlock above followed (about
-    # one job in five with init_device_mesh, torch 2.13).
+    # or DDP's Reducer freed when main() returns held a group's last one, and the deadlock above followed (4 of 10
+    # graded jobs of a 7.1 answer using init_device_mesh, torch 2.13).
     try:
         found = [dist.distributed_c10d._get_default_group()]
         found += list(getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None) or ())
