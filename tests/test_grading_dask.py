@@ -216,6 +216,32 @@ def test_tries_are_counted_across_dead_workers_and_nothing_is_lost_or_doubled(al
     assert all(by[who][0].attempt == 1 and by[who][0].status == "ok" for who in ("ana", "bo", "cy")), by
 
 
+@pytest.mark.slow
+def test_a_retry_queued_behind_a_submission_that_kills_its_worker_is_not_charged_a_try():
+    """On one worker with one thread: "flaky" fails its first try and its second waits behind "poison", which
+    then kills the worker, taking the unstarted second try with it. Is "flaky" graded on its second try, with
+    its own first failure as the only reason, rather than charged a try its submission never began?"""
+    import dask
+    from distributed import Client, LocalCluster
+
+    tasks = [Task(who, LESSON, {}, {}) for who in ("flaky", "poison")]
+    finals: list[tuple[Graded, list[str]]] = []
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None)
+    try:
+        with Client(cluster) as client:
+            left = run(client, tasks, "bystander", on_final=lambda g, why: finals.append((g, why)),
+                       on_retry=lambda g: None, grade=stand_in)
+    finally:
+        cluster.close()
+    assert left == []
+    by = {g.student: (g, why) for g, why in finals}
+    assert sorted(by) == ["flaky", "poison"], finals
+    assert by["flaky"][0].status == "ok" and by["flaky"][0].attempt == 2, by["flaky"]
+    assert by["flaky"][1] == ["the kernel did not start"], by["flaky"]
+    assert (by["poison"][0].failure, by["poison"][0].attempt) == ("infrastructure", TRIES), by["poison"]
+
+
 # -- Ctrl-C ---------------------------------------------------------------------------------------
 
 

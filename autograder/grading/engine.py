@@ -214,15 +214,19 @@ def _failed(task: Task, error: str, attempt: int) -> Graded:
     return graded
 
 
-def _outcome(result: Any, task: Task, starts: list[dict[str, Any]]) -> Graded | None:
+def _outcome(result: Any, task: Task, starts: list[dict[str, Any]], tried: int) -> Graded | None:
     """The record a finished task gives: its result, or what became of it (its workers died, it was lost);
-    None when a worker that died held it before it started (it was not tried)."""
+    None when a worker that died held it before it started (it was not tried).
+
+    ``tried`` is how many of ``starts`` earlier futures of this submission account for: a future queued behind
+    a submission that kills its worker dies with it unstarted, and its submission's earlier tries are not its own.
+    """
     from distributed.scheduler import KilledWorker
 
     if isinstance(result, Graded):
         return result
     if isinstance(result, KilledWorker):
-        if not starts:
+        if len(starts) <= tried:
             return None
         return _failed(task, died(len(starts), starts[-1]["worker"]), len(starts))
     return _failed(task, f"{type(result).__name__}: {result}", max(1, len(starts)))
@@ -266,6 +270,7 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
     results: queue.Queue[tuple[Task, Any]] = queue.Queue()
     why: dict[str, dict[int, str]] = {}  # submission -> try -> why that try failed (tries whose result came back)
     lost: dict[str, int] = {}  # submission -> times a dead worker held it before it started
+    tried: dict[str, int] = {}  # submission -> the starts its futures so far account for
     progress = progress or Progress(len(tasks))
     serial = 0
     try:
@@ -286,10 +291,11 @@ def run(client: Any, tasks: list[Task], run_id: str, on_final: Callable[[Graded,
                 continue
             del running[task.name]
             starts = [msg for _, msg in client.get_events(_topic(run_id, task))]
-            graded = _outcome(outcome, task, starts)
+            graded = _outcome(outcome, task, starts, tried.get(task.name, 0))
+            tried[task.name] = len(starts)
             if graded is None:  # never started: not a try, unless that keeps happening
                 lost[task.name] = lost.get(task.name, 0) + 1
-                graded = _failed(task, "its workers kept dying before it started", 1)
+                graded = _failed(task, "its workers kept dying before it started", max(1, len(starts)))
                 if lost[task.name] <= TRIES:
                     waiting.append(task)
                     continue
