@@ -238,6 +238,32 @@ def test_a_job_that_hung_says_where_each_process_was(tmp_path):
     assert failure_text(ScriptRun(1, 2, tmp_path, [0], [])) is None
 
 
+def test_a_job_kept_alive_by_an_unwaited_async_save_is_told_to_wait_for_its_future(tmp_path):
+    """When every process returned from main() and the job still hung: are the threads that kept each one alive named,
+    with async_save's fix when they were writing a checkpoint; and is an idle pool thread, which Python ends at exit,
+    left out (the job then gets the usual words for a hang)?"""
+    site = "/venv/lib/python3.11/site-packages/torch/distributed"
+    writing = [Frame(f"{site}/distributed_c10d.py", 4287, "all_gather"),
+               Frame(f"{site}/checkpoint/state_dict_saver.py", 513, "_save_state_dict"),
+               Frame("/python/lib/python3.11/concurrent/futures/thread.py", 58, "run")]
+    idle = [Frame("/python/lib/python3.11/threading.py", 320, "wait"),
+            Frame("/python/lib/python3.11/concurrent/futures/thread.py", 81, "_worker")]
+    exits = {"0": False, "1": False, "2": False, "3": False}
+    waiting = {"0": [("AsyncCheckpointExecutor_0", writing)] * 3, "1": [("AsyncCheckpointExecutor_0", writing)],
+               "2": [("ThreadPoolExecutor-0_0", idle)], "3": []}
+    text = failure_text(_run(tmp_path, timed_out=True, codes=[None, None], exits=exits, waiting=waiting))
+    assert "every process had returned from main() (its exit was recorded), yet the job did not end" in text, text
+    assert ("rank 0: 3 threads, the newest named AsyncCheckpointExecutor_0, in torch/distributed/distributed_c10d.py "
+            "line 4287, in all_gather") in text, text
+    assert "rank 1: a thread named AsyncCheckpointExecutor_0" in text and "rank 2" not in text, text
+    assert "call .result() on it before the next save and before dist.destroy_process_group()" in text, text
+    # Only idle threads: the usual words. A process that never returned from main(): the usual words.
+    quiet = {"0": [("ThreadPoolExecutor-0_0", idle)]}
+    for fields in ({"exits": exits, "waiting": quiet}, {"exits": {"0": False}, "waiting": waiting}):
+        text = failure_text(_run(tmp_path, timed_out=True, codes=[None, None], **fields))
+        assert "returned from main()" not in text and "A process that waits for a collective" in text, text
+
+
 # -- what a graded cell shows, and the class summary ----------------------------------------------
 
 

@@ -128,6 +128,8 @@ class ScriptRun:
     joined: dict[str, list[int] | None] = field(default_factory=dict)  # rank -> [rank, world size] of its group
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     children: dict[str, list[str]] = field(default_factory=dict)  # rank -> its child processes still alive at exit
+    # rank -> the Python threads (not daemons) still alive when main() had returned: (name, innermost frame first)
+    waiting: dict[str, list[tuple[str, list[Frame]]]] = field(default_factory=dict)
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
     failures: list[Failure] = field(default_factory=list)  # first in time first
 
@@ -327,6 +329,8 @@ def _read_records(run: ScriptRun) -> None:
             run.joined[record["rank"]] = record.get("joined")
             run.threads[record["rank"]] = record.get("threads", [])
             run.children[record["rank"]] = record.get("children", [])
+            run.waiting[record["rank"]] = [(thread["name"], [Frame(*f) for f in reversed(thread["frames"])])
+                                           for thread in record.get("python_threads", [])]
     for path in sorted(folder.glob("stack-*.txt"), key=_attempt_of):
         stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in thread["frames"]]
                   for thread in parse_dump(path.read_text())]

@@ -86,6 +86,40 @@ def _where_they_waited(run: ScriptRun) -> str:
     return "\n".join(lines)
 
 
+def _busy(frames: list[Frame]) -> bool:
+    """Whether a thread with these frames was doing something: a frame outside Python's own library (an idle pool
+    worker waits in concurrent.futures or queue, and Python ends it at exit)."""
+    return any("site-packages" in Path(f.filename).parts or f.in_script for f in frames)
+
+
+def _threads_left(run: ScriptRun) -> str | None:
+    """When every process returned from main() and the job still hung: the threads that kept them alive, and what to
+    do about them (None when that is not what happened)."""
+    if not run.timed_out or len(run.exits) < run.world_size:
+        return None
+    lines, checkpoint = [], False
+    for rank, threads in sorted(run.waiting.items(), key=lambda item: (not item[0].isdigit(), item[0].zfill(6))):
+        busy = [(name, frames) for name, frames in threads if _busy(frames)]
+        if not busy:
+            continue
+        name, frames = busy[-1]  # the newest
+        mine = next((f for f in frames if "site-packages" in Path(f.filename).parts or f.in_script), frames[0])
+        checkpoint |= any("checkpoint" in Path(f.filename).parts for _, fs in busy for f in fs)
+        many = f"{len(busy)} threads, the newest" if len(busy) > 1 else "a thread"
+        lines.append(f"  rank {rank}: {many} named {name}, in {_short(mine.filename, run.folder)} line {mine.lineno}, "
+                     f"in {mine.name}")
+    if not lines:
+        return None
+    text = ("every process had returned from main() (its exit was recorded), yet the job did not end: before a "
+            "process ends, Python waits for every thread it started that is not a daemon, and these were still running:\n"
+            + "\n".join(lines))
+    if checkpoint:
+        text += ("\ndcp.async_save writes in a thread of its own and returns a future at once: call .result() on it "
+                 "before the next save and before dist.destroy_process_group(). A write still running when its "
+                 "process group is destroyed waits forever for the other ranks.")
+    return text
+
+
 def _hint(run: ScriptRun) -> str:
     """A sentence for two mistakes of scripts moved from the old launcher, read from the processes' records."""
     if any(o in ("--local-rank", "--local_rank") for f in run.failures for o in f.options):
@@ -100,6 +134,9 @@ def _hint(run: ScriptRun) -> str:
 def failure_text(run: ScriptRun) -> str | None:
     """None when every agent exited 0 in time; else what went wrong, for the feedback."""
     if run.timed_out:
+        left = _threads_left(run)
+        if left:
+            return f"under {run.where}, the job did not finish within {run.timeout:g} s and was stopped: {left}"
         where = _where_they_waited(run)
         return (f"under {run.where}, the job did not finish within {run.timeout:g} s and was stopped."
                 + (f" Where the processes were:\n{where}" if where else "")

@@ -163,6 +163,18 @@ def _children():
     except OSError:  # not Linux, or a process that ended while being read
         pass
     return found
+def _python_threads():
+    # The threads Python waits for before this process can end (not daemons), each with its innermost frames: one
+    # still running when main() has returned keeps the process alive (an async_save whose future nobody waited for).
+    import threading
+    frames = sys._current_frames()
+    found = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon or not thread.is_alive():
+            continue
+        stack = traceback.extract_stack(frames.get(thread.ident)) if thread.ident in frames else []
+        found.append({"name": thread.name, "frames": [[f.filename, f.lineno, f.name] for f in stack[-12:]]})
+    return found
 _finished = []
 def _finish(release):
     if _finished:
@@ -177,7 +189,7 @@ def _finish(release):
         del _groups[:]  # the last references; a ProcessGroup's dealloc lets go of the GIL while gloo's threads end
     with open(os.path.join(LOG, f"exit-{RANK}-{ATTEMPT}.json"), "w") as out:
         json.dump({"rank": RANK, "attempt": int(ATTEMPT), "group_alive": alive, "joined": _joined or None,
-                   "threads": _native_threads(),
+                   "threads": _native_threads(), "python_threads": _python_threads(),
                    "children": _children()}, out)
 atexit.register(_finish, False)
 def _script():
