@@ -111,8 +111,8 @@ def _threads_left(run: ScriptRun) -> str | None:
     if not lines:
         return None
     text = ("every process had returned from main() (its exit was recorded), yet the job did not end: before a "
-            "process ends, Python waits for every thread it started that is not a daemon, and these were still running:\n"
-            + "\n".join(lines))
+            "process ends, Python waits for every thread it started that is not a daemon, and these were still "
+            "running:\n" + "\n".join(lines))
     if checkpoint:
         text += ("\ndcp.async_save writes in a thread of its own and returns a future at once: call .result() on it "
                  "before the next save and before dist.destroy_process_group(). A write still running when its "
