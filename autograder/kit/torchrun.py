@@ -1,31 +1,29 @@
 """Run a learner's ``main()`` as a script under real ``torchrun`` agents, and read what each process did.
 
-An exercise whose answer is a whole training script (lesson 07) is checked the way it will
-really run: :func:`run_script` writes the learner's ``main`` into ``train.py`` with
-:func:`helpers.export_script`, starts ``nnodes`` agents of ``nproc`` processes each
-(``torch.distributed.run.main``, the function behind the ``torchrun`` command; several
-agents on this machine stand for several hosts), stops the job at a time limit with
-everything it started, and returns a :class:`ScriptRun`: exit codes, output, and typed
-records written by the processes themselves. :meth:`~autograder.kit.exercise.Attempt.torchrun`
-is how a part's check asks for one; it fails the part with
-:func:`autograder.kit.torchrun_feedback.failure_text` when the job did not succeed.
+An exercise whose answer is a whole training script (lesson 07) is checked the way it will really run:
+:func:`run_script` writes the learner's ``main`` into ``train.py`` with :func:`helpers.export_script`, starts
+``nnodes`` agents of ``nproc`` processes each (``torch.distributed.run.main``, the function behind the ``torchrun``
+command; several agents on this machine stand for several hosts), stops the job at a time limit with everything it
+started, and returns a :class:`ScriptRun`: exit codes, output, and typed records written by the processes
+themselves. :meth:`~autograder.kit.exercise.Attempt.torchrun` is how a part's check asks for one; it fails the part
+with :func:`autograder.kit.torchrun_feedback.failure_text` when the job did not succeed.
 
-Every process runs the learner's script inside a small wrapper (``torchrun_programs.WRAPPER``) that writes,
-as JSON in the job's folder:
+Every process runs the learner's script inside a small wrapper (``torchrun_programs.WRAPPER``) that writes, as JSON
+in the job's folder:
 
 - ``saves.jsonl``: every ``torch.save`` (rank and path), and ``saved.jsonl`` when each returned;
 - ``barriers.jsonl``: when each ``dist.barrier`` (or ``monitored_barrier``) returned, on which rank;
-- ``exit-RANK.json``: whether the process group was still alive at exit, the group's rank and size, its threads;
-- ``error-RANK.json``: how the script ended when it did not return: the exception's type,
-  message and frames (file, line, function, source), none for ``sys.exit`` (its output says
-  why), and the command-line options the script declared with ``argparse``; feedback is built
-  from these fields, never from the text of a traceback;
+- ``exit-RANK.json``: whether the process group was still alive at exit, the group's rank and size, its threads
+  (the Python ones still running when ``main()`` returned, with their frames: what keeps a process alive);
+- ``error-RANK.json``: how the script ended when it did not return: the exception's type, message and frames (file,
+  line, function, source), none for ``sys.exit`` (its output says why), and the command-line options the script
+  declared with ``argparse``; feedback is built from these fields, never from the text of a traceback;
 - ``stack-RANK.txt``: ``faulthandler``'s dump of every thread, shortly before the time limit.
 
-The agent keeps what its ``ChildFailedError`` knows of each failed process (rank, local
-rank, exit code, time) in ``failures-NODE.json``; ``--log-dir`` keeps each process's stdout
-and stderr. The first failure in time is the root cause. (No runnable example here: one job
-takes a minute on a busy 2-core machine; ``tests/test_lesson07.py`` runs real ones.)
+The agent keeps what its ``ChildFailedError`` knows of each failed process (rank, local rank, exit code, time) in
+``failures-NODE.json``; ``--log-dir`` keeps each process's stdout and stderr. The first failure in time is the root
+cause. (No runnable example here: one job takes a minute on a busy 2-core machine; ``tests/test_lesson07.py`` runs
+real ones.)
 """
 
 from __future__ import annotations
@@ -128,8 +126,7 @@ class ScriptRun:
     joined: dict[str, list[int] | None] = field(default_factory=dict)  # rank -> [rank, world size] of its group
     threads: dict[str, list[str]] = field(default_factory=dict)  # rank -> its threads' names at exit (Linux)
     children: dict[str, list[str]] = field(default_factory=dict)  # rank -> its child processes still alive at exit
-    # rank -> the Python threads (not daemons) still alive when main() had returned: (name, innermost frame first)
-    waiting: dict[str, list[tuple[str, list[Frame]]]] = field(default_factory=dict)
+    waiting: dict[str, list[tuple[str, list[Frame]]]] = field(default_factory=dict)  # rank -> live threads
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
     failures: list[Failure] = field(default_factory=list)  # first in time first
 
@@ -324,13 +321,12 @@ def _read_records(run: ScriptRun) -> None:
                 times.setdefault(record["rank"], []).append(record[key])
     for path in sorted(folder.glob("exit-*.json"), key=_attempt_of):  # a restarted process's last attempt counts
         record = _json(path) or {}
-        if "rank" in record:
-            run.exits[record["rank"]] = bool(record.get("group_alive"))
-            run.joined[record["rank"]] = record.get("joined")
-            run.threads[record["rank"]] = record.get("threads", [])
-            run.children[record["rank"]] = record.get("children", [])
-            run.waiting[record["rank"]] = [(thread["name"], [Frame(*f) for f in reversed(thread["frames"])])
-                                           for thread in record.get("python_threads", [])]
+        if (rank := record.get("rank")) is not None:
+            run.exits[rank] = bool(record.get("group_alive"))
+            run.joined[rank] = record.get("joined")
+            run.threads[rank] = record.get("threads", [])
+            run.children[rank] = record.get("children", [])
+            run.waiting[rank] = [(t["name"], [Frame(*f) for f in t["frames"][::-1]]) for t in record.get("python_threads", [])]
     for path in sorted(folder.glob("stack-*.txt"), key=_attempt_of):
         stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in thread["frames"]]
                   for thread in parse_dump(path.read_text())]
