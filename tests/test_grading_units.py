@@ -235,7 +235,13 @@ def test_a_job_that_hung_says_where_each_process_was(tmp_path):
     text = failure_text(_run(tmp_path, timed_out=True, stacks=stacks, codes=[None, None]))
     assert "did not finish within 90 s" in text
     assert "rank 0 was at train.py line 4, in main: raise ValueError('bad batch')" in text
+    assert "process_group=" not in text  # no thread was writing a checkpoint beside it
     assert failure_text(ScriptRun(1, 2, tmp_path, [0], [])) is None
+    # A checkpoint still written in another thread (async_save on the training's group): the fix is named.
+    writing = [[Frame("/v/site-packages/torch/distributed/checkpoint/state_dict_saver.py", 487, "_save_state_dict")]]
+    text = failure_text(_run(tmp_path, timed_out=True, stacks=stacks, beside={"0": writing}, codes=[None, None]))
+    assert "rank 0 was at train.py line 4" in text and "still being written in a thread of its own" in text, text
+    assert 'dcp.async_save(..., process_group=dist.new_group(backend="gloo"))' in text, text
 
 
 def test_a_job_kept_alive_by_an_unwaited_async_save_is_told_to_wait_for_its_future(tmp_path):

@@ -128,6 +128,7 @@ class ScriptRun:
     children: dict[str, list[str]] = field(default_factory=dict)  # rank -> its child processes still alive at exit
     waiting: dict[str, list[tuple[str, list[Frame]]]] = field(default_factory=dict)  # rank -> live threads
     stacks: dict[str, list[Frame]] = field(default_factory=dict)  # rank -> its main thread's stack, innermost first
+    beside: dict[str, list[list[Frame]]] = field(default_factory=dict)  # rank -> its other threads' stacks
     failures: list[Failure] = field(default_factory=list)  # first in time first
 
     @property
@@ -328,17 +329,16 @@ def _read_records(run: ScriptRun) -> None:
             run.children[rank] = record.get("children", [])
             run.waiting[rank] = [(t["name"], [Frame(*f) for f in t["frames"][::-1]]) for t in record.get("python_threads", [])]
     for path in sorted(folder.glob("stack-*.txt"), key=_attempt_of):
-        stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in thread["frames"]]
-                  for thread in parse_dump(path.read_text())]
-        # The thread running the learner's script (the watchdog that dumps them is not it).
+        stacks = [[Frame(f["filename"], f["lineno"], f["name"]) for f in t["frames"]] for t in parse_dump(path.read_text())]
+        # The thread running the learner's script (the watchdog that dumps them is not it), and the others.
         mine = next((frames for frames in stacks if any(f.in_script for f in frames)), stacks[0] if stacks else [])
         if mine:
             run.stacks[path.stem.split("-")[1]] = mine
-    # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely
-    # stopped by its agent because another one had failed, and one whose backend lost its connection
-    # to a peer failed because that peer had gone: they come after every other failure. (A killed
-    # process has only its agent's time of noticing, whole seconds and late on a busy machine; its
-    # peers' "connection reset" could otherwise come first.)
+            run.beside[path.stem.split("-")[1]] = [frames for frames in stacks if frames is not mine]
+    # The first failure in time is the root cause. A process ended by SIGTERM or SIGINT was most likely stopped by
+    # its agent because another one had failed, and one whose backend lost its connection to a peer failed because
+    # that peer had gone: they come after every other failure. (A killed process has only its agent's time of
+    # noticing, whole seconds and late on a busy machine; its peers' "connection reset" could otherwise come first.)
     failures = [failure for node in range(run.nnodes) for failure in _read_failures(folder, node)]
     run.failures = sorted(failures, key=lambda f: (f.signal in ("SIGTERM", "SIGINT"), lost_a_peer(f), f.when,
                                                    f.agent, f.rank))

@@ -120,6 +120,17 @@ def _threads_left(run: ScriptRun) -> str | None:
     return text
 
 
+def _saving_beside(run: ScriptRun) -> str:
+    """A sentence when, as the job hung, a thread beside the script's was still writing a checkpoint (async_save)."""
+    if not any("checkpoint" in Path(f.filename).parts for stacks in run.beside.values() for frames in stacks
+               for f in frames):
+        return ""
+    return ("\nMeanwhile a checkpoint was still being written in a thread of its own (dcp.async_save). Its collectives "
+            "run on the default process group unless it is given another, and there they interleave with the "
+            "training's (DDP's all-reduce in backward) in a different order on each rank: give it a group of its "
+            "own, dcp.async_save(..., process_group=dist.new_group(backend=\"gloo\")).")
+
+
 def _hint(run: ScriptRun) -> str:
     """A sentence for two mistakes of scripts moved from the old launcher, read from the processes' records."""
     if any(o in ("--local-rank", "--local_rank") for f in run.failures for o in f.options):
@@ -141,7 +152,8 @@ def failure_text(run: ScriptRun) -> str | None:
         return (f"under {run.where}, the job did not finish within {run.timeout:g} s and was stopped."
                 + (f" Where the processes were:\n{where}" if where else "")
                 + f"\nThe job's last lines:\n{run.tail()}\nA process that waits for a collective the others "
-                  "never make hangs; so does a process group whose ranks disagree (a hard-coded rank).")
+                  "never make hangs; so does a process group whose ranks disagree (a hard-coded rank)."
+                + _saving_beside(run))
     failed = [(i, code) for i, code in enumerate(run.codes) if code != 0]
     if not failed:
         return None
