@@ -86,10 +86,20 @@ def _where_they_waited(run: ScriptRun) -> str:
     return "\n".join(lines)
 
 
+def _beyond_python(frame: Frame) -> bool:
+    """Whether ``frame`` is outside Python's own library: an installed package's, or the learner's script's."""
+    return "site-packages" in Path(frame.filename).parts or frame.in_script
+
+
 def _busy(frames: list[Frame]) -> bool:
-    """Whether a thread with these frames was doing something: a frame outside Python's own library (an idle pool
-    worker waits in concurrent.futures or queue, and Python ends it at exit)."""
-    return any("site-packages" in Path(f.filename).parts or f.in_script for f in frames)
+    """Whether a thread with these frames was doing something (an idle pool worker waits in concurrent.futures or
+    queue, and Python ends it at exit)."""
+    return any(_beyond_python(f) for f in frames)
+
+
+def _writing_checkpoint(stacks: list[list[Frame]]) -> bool:
+    """Whether one of these threads was in torch.distributed.checkpoint (a save written in the background)."""
+    return any("checkpoint" in Path(f.filename).parts for frames in stacks for f in frames)
 
 
 def _threads_left(run: ScriptRun) -> str | None:
@@ -103,8 +113,8 @@ def _threads_left(run: ScriptRun) -> str | None:
         if not busy:
             continue
         name, frames = busy[-1]  # the newest
-        mine = next((f for f in frames if "site-packages" in Path(f.filename).parts or f.in_script), frames[0])
-        checkpoint |= any("checkpoint" in Path(f.filename).parts for _, fs in busy for f in fs)
+        mine = next((f for f in frames if _beyond_python(f)), frames[0])
+        checkpoint |= _writing_checkpoint([fs for _, fs in busy])
         many = f"{len(busy)} threads, the newest" if len(busy) > 1 else "a thread"
         lines.append(f"  rank {rank}: {many} named {name}, in {_short(mine.filename, run.folder)} line {mine.lineno}, "
                      f"in {mine.name}")
@@ -122,8 +132,7 @@ def _threads_left(run: ScriptRun) -> str | None:
 
 def _saving_beside(run: ScriptRun) -> str:
     """A sentence when, as the job hung, a thread beside the script's was still writing a checkpoint (async_save)."""
-    if not any("checkpoint" in Path(f.filename).parts for stacks in run.beside.values() for frames in stacks
-               for f in frames):
+    if not any(_writing_checkpoint(stacks) for stacks in run.beside.values()):
         return ""
     return ("\nMeanwhile a checkpoint was still being written in a thread of its own (dcp.async_save). Its collectives "
             "run on the default process group unless it is given another, and there they interleave with the "
